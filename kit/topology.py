@@ -1,0 +1,318 @@
+"""One declarative description of a run, validated before any process starts.
+
+A :class:`Topology` says which model (and which weights), how it is split (PP, TP), which drafter
+runs (method and k), what PD role the engine plays and with which KV connector, on which device and
+executor backend. It turns into ``vllm.LLM`` keyword arguments (:meth:`Topology.engine_args`), into
+OpenAI-server flags (:meth:`Topology.serve_args`) and into the environment vLLM needs
+(:meth:`Topology.env`). The same topology targets a GPU by setting ``device="cuda"``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .models import ModelError, ModelInfo, random_checkpoint, resolve_model
+
+SPEC_METHODS = ("mtp", "eagle3", "draft_model", "ngram")
+MAX_SPEC_TOKENS = 8
+PD_ROLES = (None, "producer", "consumer")
+# vLLM 0.32 NIXL connectors: pull (consumer reads the producer's blocks) and push (producer writes).
+CONNECTORS = {"nixl": "NixlConnector", "nixl-push": "NixlPushConnector"}
+DEVICES = ("cpu", "cuda")
+BACKENDS = ("mp", "ray")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class TopologyError(ValueError):
+    """A topology that cannot run; raised before any process starts."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A speculative-decoding setting: ``method`` and ``k`` draft tokens per step."""
+
+    method: str
+    k: int
+    draft_model: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Spec | None":
+        """Parse ``METHOD:K`` (e.g. ``mtp:2``); ``none``/empty gives ``None``."""
+        if text is None or str(text).strip().lower() in ("", "none", "off"):
+            return None
+        method, _, k = str(text).partition(":")
+        method = method.strip().lower()
+        if method not in SPEC_METHODS:
+            raise TopologyError(f"unknown speculative method {method!r}: use one of {', '.join(SPEC_METHODS)} (as METHOD:K)")
+        if not k:
+            raise TopologyError(f"speculative setting {text!r} lacks k: write {method}:K, e.g. {method}:2")
+        try:
+            kk = int(k)
+        except ValueError:
+            raise TopologyError(f"k in {text!r} is not an integer") from None
+        return cls(method=method, k=kk)
+
+    def __str__(self) -> str:
+        return f"{self.method}:{self.k}"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A validated run description. Construct it; invalid input raises :class:`TopologyError`."""
+
+    model: str = "tiny-mimo"
+    random_weights: bool = False
+    seed: int = 0
+    pp: int = 1
+    tp: int = 1
+    spec: Spec | None = None
+    pd_role: str | None = None
+    connector: str | None = None
+    device: str = "cpu"
+    backend: str = "mp"
+    dtype: str = "float32"
+    enforce_eager: bool = True
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_gib: float = 1.0
+    extra_engine_args: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.spec, str):
+            object.__setattr__(self, "spec", Spec.parse(self.spec))
+        self.validate()
+
+    # -- validation -------------------------------------------------------------------------
+    @property
+    def info(self) -> ModelInfo:
+        try:
+            return resolve_model(self.model)
+        except ModelError as e:
+            raise TopologyError(str(e)) from None
+
+    def validate(self) -> None:
+        info = self.info
+        for name in ("pp", "tp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise TopologyError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.pp > info.num_layers:
+            raise TopologyError(
+                f"pp={self.pp} is larger than the model's {info.num_layers} decoder layers ({info.name}): "
+                "every pipeline stage needs at least one layer")
+        if self.device not in DEVICES:
+            raise TopologyError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.backend not in BACKENDS:
+            raise TopologyError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.dtype not in DTYPES:
+            raise TopologyError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device == "cpu" and self.tp > 1 and self.pp * self.tp > max(4, _cpu_count()):
+            raise TopologyError(f"tp*pp={self.tp * self.pp} ranks exceed what this CPU hosts ({_cpu_count()} cores)")
+        if self.device == "cuda":
+            n = _cuda_count()
+            if n is not None and self.pp * self.tp > n and self.backend == "mp":
+                raise TopologyError(
+                    f"tp*pp={self.tp * self.pp} GPUs needed but {n} visible; use backend='ray' across nodes")
+        s = self.spec
+        if s is not None:
+            if s.method not in SPEC_METHODS:
+                raise TopologyError(f"unknown speculative method {s.method!r}: use one of {', '.join(SPEC_METHODS)}")
+            if not isinstance(s.k, int) or not 1 <= s.k <= MAX_SPEC_TOKENS:
+                raise TopologyError(f"speculative k must be in 1..{MAX_SPEC_TOKENS}, got {s.k!r}")
+            if s.method == "mtp" and info.num_mtp_layers == 0:
+                raise TopologyError(f"model {info.name} has no MTP layers (num_nextn_predict_layers is 0): use another method")
+            if s.method == "eagle3" and not (s.draft_model or info.draft_model):
+                raise TopologyError(f"eagle3 needs a draft model: model {info.name} names none in kit.json, and none was given")
+            if s.method == "draft_model" and not (s.draft_model or info.draft_model):
+                raise TopologyError("draft_model needs a draft model directory")
+        if self.pd_role not in PD_ROLES:
+            raise TopologyError(f"pd_role must be one of producer, consumer or None, got {self.pd_role!r}")
+        if self.pd_role is None and self.connector is not None:
+            raise TopologyError("a KV connector was given without a PD role (producer or consumer)")
+        if self.pd_role is not None and self.connector not in CONNECTORS:
+            raise TopologyError(f"connector must be one of {', '.join(CONNECTORS)} for a PD role, got {self.connector!r}")
+        mml = self.max_model_len
+        if mml is not None and (mml < 16 or mml > info.max_model_len):
+            raise TopologyError(f"max_model_len={mml} outside 16..{info.max_model_len} (the model's max_position_embeddings)")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise TopologyError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.kv_cache_gib <= 0:
+            raise TopologyError("kv_cache_gib must be positive")
+
+    # -- derived ----------------------------------------------------------------------------
+    @property
+    def model_len(self) -> int:
+        return self.max_model_len or min(self.info.max_model_len, 1024)
+
+    def model_path(self) -> Path:
+        """The checkpoint directory vLLM loads (a seeded random one when ``random_weights``)."""
+        info = self.info
+        if self.random_weights:
+            return random_checkpoint(info, self.seed)
+        if not info.has_trained_weights:
+            raise TopologyError(f"model {info.name} ships no trained weights: use random weights (--random)")
+        return info.path
+
+    def draft_path(self) -> Path | None:
+        s = self.spec
+        if s is None or s.method not in ("eagle3", "draft_model"):
+            return None
+        d = s.draft_model or self.info.draft_model
+        if s.method == "draft_model" and d is None:
+            return None
+        dinfo = resolve_model(d)
+        if self.random_weights or not dinfo.has_trained_weights:
+            return random_checkpoint(dinfo, self.seed + 1)
+        return dinfo.path
+
+    def speculative_config(self) -> dict | None:
+        s = self.spec
+        if s is None:
+            return None
+        cfg: dict[str, Any] = {"method": s.method, "num_speculative_tokens": s.k}
+        if s.method == "ngram":
+            cfg.update(prompt_lookup_max=3, prompt_lookup_min=1)
+        if s.method in ("eagle3", "draft_model"):
+            cfg["model"] = str(self.draft_path())
+        return cfg
+
+    def kv_transfer_config(self) -> dict | None:
+        if self.pd_role is None:
+            return None
+        return {
+            "kv_connector": CONNECTORS[self.connector],
+            "kv_role": "kv_producer" if self.pd_role == "producer" else "kv_consumer",
+            "kv_buffer_device": "cpu" if self.device == "cpu" else "cuda",
+        }
+
+    def engine_args(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM`` (and ``EngineArgs``)."""
+        path = str(self.model_path())
+        args: dict[str, Any] = dict(
+            model=path,
+            tokenizer=path,
+            dtype=self.dtype,
+            seed=self.seed,
+            pipeline_parallel_size=self.pp,
+            tensor_parallel_size=self.tp,
+            enforce_eager=self.enforce_eager,
+            max_model_len=self.model_len,
+            disable_log_stats=False,
+        )
+        if self.pp * self.tp > 1 or self.backend == "ray":
+            args["distributed_executor_backend"] = self.backend
+        if self.max_num_seqs:
+            args["max_num_seqs"] = self.max_num_seqs
+        if self.max_num_batched_tokens:
+            args["max_num_batched_tokens"] = self.max_num_batched_tokens
+        sc = self.speculative_config()
+        if sc:
+            args["speculative_config"] = sc
+        kv = self.kv_transfer_config()
+        if kv:
+            args["kv_transfer_config"] = kv
+        args.update(self.extra_engine_args)
+        return args
+
+    def serve_args(self) -> list[str]:
+        """Flags for vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)."""
+        flags: list[str] = []
+        for key, value in self.engine_args().items():
+            if key == "disable_log_stats":
+                continue
+            opt = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                if value:
+                    flags.append(opt)
+            elif isinstance(value, dict):
+                flags += [opt, json.dumps(value)]
+            else:
+                flags += [opt, str(value)]
+        return flags
+
+    def env(self) -> dict[str, str]:
+        """Environment for every vLLM process of this topology."""
+        env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TOKENIZERS_PARALLELISM": "false"}
+        if self.device == "cpu":
+            env["VLLM_CPU_KVCACHE_SPACE"] = _fmt_num(self.kv_cache_gib)
+            env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(self.pp * self.tp)
+        return env
+
+    def with_(self, **changes: Any) -> "Topology":
+        """A copy with some fields changed (validated again)."""
+        if "spec" in changes and isinstance(changes["spec"], str):
+            changes["spec"] = Spec.parse(changes["spec"])
+        return replace(self, **changes)
+
+    def reference(self) -> "Topology":
+        """The PP=1, no-spec, colocated topology every other one is compared against."""
+        return self.with_(pp=1, tp=1, spec=None, pd_role=None, connector=None, backend="mp")
+
+    def describe(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spec"] = str(self.spec) if self.spec else None
+        return d
+
+    def label(self) -> str:
+        parts = [self.model, "random" if self.random_weights else "trained", f"pp{self.pp}"]
+        if self.tp > 1:
+            parts.append(f"tp{self.tp}")
+        parts.append(str(self.spec) if self.spec else "nospec")
+        if self.pd_role:
+            parts.append(self.pd_role)
+        if not self.enforce_eager:
+            parts.append("compiled")
+        return "/".join(parts)
+
+
+def _fmt_num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def _cuda_count() -> int | None:
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return len([v for v in vis.split(",") if v.strip()])
+    return None
+
+
+def omp_threads_bind(ranks: int, cores: list[int] | None = None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: one ``|``-separated core list per rank.
+
+    Cores are split into contiguous, equal groups; with more ranks than cores, ranks share cores
+    round-robin (PP=4 on 2 cores gives ``0|1|0|1``). vLLM's automatic binding refuses more than one
+    worker per NUMA node, hence the explicit list.
+    """
+    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
+    if ranks <= 1:
+        return _ranges(cores)
+    if ranks >= len(cores):
+        return "|".join(str(cores[i % len(cores)]) for i in range(ranks))
+    per = len(cores) // ranks
+    return "|".join(_ranges(cores[i * per:(i + 1) * per]) for i in range(ranks))
+
+
+def _ranges(cores: list[int]) -> str:
+    out, start, prev = [], None, None
+    for c in cores:
+        if start is None:
+            start = prev = c
+        elif c == prev + 1:
+            prev = c
+        else:
+            out.append(f"{start}-{prev}" if prev != start else str(start))
+            start = prev = c
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+    return ",".join(out)

@@ -1,0 +1,71 @@
+"""Methods added to every vLLM worker (``worker_extension_cls``) so the kit can look inside a live engine.
+
+``LLM.collective_rpc("kit_placement")`` calls them by name in each worker; no pickled code is sent
+(which vLLM refuses unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``).
+"""
+from __future__ import annotations
+
+import os
+
+
+def _param_bytes(module) -> tuple[int, int]:
+    n = b = 0
+    for p in module.parameters():
+        n += p.numel()
+        b += p.numel() * p.element_size()
+    return n, b
+
+
+class KitWorkerExtension:
+    """Mixed into vLLM's worker class."""
+
+    def kit_placement(self) -> dict:
+        """What this rank holds: layers, parameters, drafter, KV cache, embedding and LM head."""
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        runner = self.model_runner
+        model = runner.get_model()
+        inner = getattr(model, "model", model)
+        start = getattr(inner, "start_layer", None)
+        end = getattr(inner, "end_layer", None)
+        layers = getattr(inner, "layers", [])
+        present = [i for i, l in enumerate(layers) if type(l).__name__ != "PPMissingLayer"]
+        n_params, n_bytes = _param_bytes(model)
+        drafter = getattr(runner, "drafter", None)
+        drafter_info = None
+        if drafter is not None and not getattr(drafter, "kit_absent", False):
+            dm = getattr(drafter, "model", None)
+            dn, db = _param_bytes(dm) if dm is not None else (0, 0)
+            drafter_info = {"class": type(drafter).__name__, "model_class": type(dm).__name__ if dm is not None else None,
+                            "params": dn, "bytes": db}
+        elif drafter is not None:
+            drafter_info = {"class": "AbsentDrafter (kit stand-in: no drafter on this rank)", "params": 0, "bytes": 0}
+        kv = {}
+        kvc = getattr(runner, "kv_cache_config", None)
+        if kvc is not None:
+            kv["num_blocks"] = int(kvc.num_blocks)
+            names = [n for g in kvc.kv_cache_groups for n in g.layer_names]
+            kv["layers"] = names
+            try:
+                kv["block_size"] = int(kvc.kv_cache_groups[0].kv_cache_spec.block_size)
+                kv["page_size_bytes"] = int(kvc.kv_cache_groups[0].kv_cache_spec.page_size_bytes)
+            except Exception:
+                pass
+        embed = getattr(inner, "embed_tokens", None)
+        lm_head = getattr(model, "lm_head", None)
+        return {
+            "pid": os.getpid(),
+            "pp_rank": get_pp_group().rank_in_group,
+            "pp_size": get_pp_group().world_size,
+            "tp_rank": get_tp_group().rank_in_group,
+            "is_last_rank": get_pp_group().is_last_rank,
+            "layer_range": [start, end],
+            "layers": present,
+            "params": n_params,
+            "param_bytes": n_bytes,
+            "embedding": embed is not None and type(embed).__name__ != "PPMissingLayer",
+            "lm_head": lm_head is not None and type(lm_head).__name__ != "PPMissingLayer",
+            "drafter": drafter_info,
+            "kv_cache": kv,
+            "hostname": os.uname().nodename,
+        }
