@@ -23,10 +23,11 @@ def _needed() -> "bool | str":
     if not hasattr(torch.cpu, "_init_amx"):
         return "this torch has no torch.cpu._init_amx"
     try:
-        if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-            return "CPU without AMX/AVX-512: nothing to do"
-    except Exception:
-        pass
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return "cannot read /proc/cpuinfo"
+    if "amx_tile" not in flags:
+        return "this CPU has no AMX (no amx_tile flag): nothing to do"
     return True
 
 

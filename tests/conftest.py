@@ -1,0 +1,30 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# Generated files (random checkpoints, engine logs) stay inside the test session's cache.
+os.environ.setdefault("KIT_CACHE_DIR", str(ROOT / "runs" / "cache"))
+
+MODEL = "tiny-mimo"
+
+
+@pytest.fixture
+def no_leftovers():
+    """Fail the test if it leaves a vLLM-looking process behind."""
+    from kit.procs import leftover_vllm_processes
+
+    before = set(int(x.split()[0]) for x in leftover_vllm_processes())
+    yield
+    import time
+
+    deadline = time.monotonic() + 15
+    while True:
+        now = [x for x in leftover_vllm_processes() if int(x.split()[0]) not in before]
+        if not now or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not now, f"processes left behind: {now}"

@@ -1,0 +1,47 @@
+"""Real vLLM engines (CPU): start/stop without leftovers, plugin in every process, failures surface fast."""
+import json
+import time
+
+import pytest
+
+from kit import engine
+from kit.procs import leftover_vllm_processes
+from kit.topology import Topology
+
+from conftest import MODEL
+
+pytestmark = pytest.mark.engine
+PROMPTS = ["def add(a, b):\n    return", "import os\n"]
+
+
+def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
+    log = tmp_path / "plugin.jsonl"
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
+    r = engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCH_LOG": str(log)})
+    assert all(len(x) == 4 for x in r.token_ids)
+    recs = [json.loads(l) for l in log.read_text().splitlines()]
+    titles = " ".join(r["title"] for r in recs)
+    # The engine core and both PP workers loaded the plugin and applied the patches.
+    assert "EngineCore" in titles, titles
+    assert "Worker_PP0" in titles and "Worker_PP1" in titles, titles
+    for rec in recs:
+        assert "drafter_only_on_last_rank" in rec["applied"] and "pp_spec_schedule_gate" in rec["applied"]
+
+
+def test_engine_failure_surfaces_with_root_cause_fast(no_leftovers):
+    # Stock vLLM 0.32 cannot start PP=2 + MTP: the non-last rank touches the missing drafter.
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
+    t0 = time.monotonic()
+    with pytest.raises(engine.EngineError) as e:
+        engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCHES": "all,-drafter_only_on_last_rank"},
+                        timeout=300)
+    assert "has no attribute 'drafter'" in str(e.value)
+    assert time.monotonic() - t0 < 240
+
+
+def test_start_stop_leaves_nothing(no_leftovers):
+    t = Topology(model=MODEL, random_weights=True, pp=1)
+    for _ in range(2):
+        r = engine.generate(t, PROMPTS[:1], max_tokens=2)
+        assert len(r.token_ids[0]) == 2
+    assert not [p for p in leftover_vllm_processes() if "kit.runner" in p]

@@ -1,0 +1,87 @@
+"""Patch registry selection and the pure helpers of the correctness patches (small fakes allowed)."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from kit import patches
+from kit.patches.pp_spec_history import fill_history
+
+
+def test_selection(monkeypatch):
+    reg = patches.registry()
+    monkeypatch.setenv("KIT_PATCHES", "all")
+    assert patches.selected_names() == [n for n, p in reg.items() if not p.teaching_only]
+    monkeypatch.setenv("KIT_PATCHES", "none")
+    assert patches.selected_names() == []
+    monkeypatch.setenv("KIT_PATCHES", "all,-pp_spec_schedule_gate")
+    assert "pp_spec_schedule_gate" not in patches.selected_names()
+    assert not patches.is_active("pp_spec_schedule_gate")
+    monkeypatch.setenv("KIT_PATCHES", "drafter_only_on_last_rank")
+    assert patches.selected_names() == ["drafter_only_on_last_rank"]
+    monkeypatch.setenv("KIT_PATCHES", "bogus")
+    with pytest.raises(ValueError, match="unknown patch 'bogus'"):
+        patches.selected_names()
+
+
+def test_every_patch_is_documented():
+    for p in patches.registry().values():
+        mod = __import__(p.apply.__module__, fromlist=["x"])
+        doc = mod.__doc__ or ""
+        assert p.upstream and p.targets and p.summary
+        if not p.name.startswith(("draft_pp", "eagle3_total", "qwen3_5")):
+            for word in ("What breaks without it", "Upstream", "Turn off"):
+                assert word in doc, (p.name, word)
+
+
+def test_decode_side_rule(monkeypatch):
+    from kit.patches.decode_side_rule import check
+
+    monkeypatch.setenv("KIT_PATCHES", "all")
+    check(2, True, None)  # allowed: the fix is active
+    monkeypatch.setenv("KIT_PATCHES", "all,-pp_spec_token_history")
+    with pytest.raises(ValueError, match="data parallelism"):
+        check(2, True, "kv_consumer")
+    check(2, True, "kv_producer")  # the producer side is always fine
+    check(1, True, None)
+
+
+def _fake_runner(history, prompt_len, in_batch=True):
+    state = SimpleNamespace(output_token_ids=list(history), num_prompt_tokens=prompt_len)
+    type(state).num_tokens = property(lambda s: s.num_prompt_tokens + len(s.output_token_ids))
+    batch = SimpleNamespace(req_id_to_index={"r": 0} if in_batch else {},
+                            token_ids_cpu=np.zeros((1, 64), dtype=np.int64),
+                            is_token_ids=np.zeros((1, 64), dtype=bool),
+                            num_tokens_no_spec=np.array([prompt_len + len(history)]))
+    return SimpleNamespace(requests={"r": state}, input_batch=batch), state, batch
+
+
+def _sched(num_computed, new_tokens, spec=None, all_tokens=None):
+    cached = SimpleNamespace(req_ids=["r"], resumed_req_ids=set(), new_token_ids=[new_tokens],
+                             num_computed_tokens=[num_computed], all_token_ids=all_tokens or {})
+    return SimpleNamespace(scheduled_cached_reqs=cached, scheduled_spec_decode_tokens=spec or {},
+                           finished_req_ids=set())
+
+
+def test_fill_history_appends_accepted_drafts():
+    # prompt of 4, history [10]; last step sent drafts [7, 8]; 2 accepted -> scheduler says 7 computed.
+    runner, state, batch = _fake_runner([10], 4)
+    drafts = {"r": [7, 8]}
+    added = fill_history(runner, _sched(num_computed=7, new_tokens=[9]), drafts)
+    assert added == 2 and state.output_token_ids == [10, 7, 8]
+    assert list(batch.token_ids_cpu[0, 5:7]) == [7, 8] and batch.num_tokens_no_spec[0] == 7
+    assert "r" not in drafts
+
+
+def test_fill_history_prefers_the_schedulers_full_token_list():
+    runner, state, _ = _fake_runner([10], 4, in_batch=False)
+    truth = {"r": [1, 2, 3, 4, 10, 7, 5, 9]}  # only one of the drafts [7, 8] was accepted... then 5
+    fill_history(runner, _sched(num_computed=7, new_tokens=[9], all_tokens=truth), {"r": [7, 8]})
+    assert state.output_token_ids == [10, 7, 5]
+
+
+def test_fill_history_no_gap_no_change_and_remembers_new_drafts():
+    runner, state, _ = _fake_runner([10], 4)
+    drafts = {}
+    assert fill_history(runner, _sched(num_computed=5, new_tokens=[11], spec={"r": [3, 4]}), drafts) == 0
+    assert state.output_token_ids == [10] and drafts == {"r": [3, 4]}

@@ -1,0 +1,96 @@
+"""Topology validation, flag generation and the CPU environment (no engine)."""
+import json
+
+import pytest
+
+from kit.topology import Spec, Topology, TopologyError, omp_threads_bind
+
+from conftest import MODEL
+
+
+def test_defaults_are_valid_and_reference_is_pp1_nospec():
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")
+    ref = t.reference()
+    assert (ref.pp, ref.spec, ref.pd_role) == (1, None, None)
+    assert t.spec == Spec("mtp", 2)
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(pp=0), "pp must be an integer >= 1"),
+    (dict(pp=-1), "pp must be"),
+    (dict(pp=99), "larger than the model's"),
+    (dict(tp=0), "tp must be"),
+    (dict(spec="medusa:2"), "unknown speculative method"),
+    (dict(spec="mtp:0"), "k must be in 1.."),
+    (dict(spec="mtp:99"), "k must be in 1.."),
+    (dict(spec="mtp"), "lacks k"),
+    (dict(spec="mtp:x"), "not an integer"),
+    (dict(model="no-such-model"), "unknown model"),
+    (dict(device="tpu"), "device must be"),
+    (dict(backend="slurm"), "backend must be"),
+    (dict(dtype="int8"), "dtype must be"),
+    (dict(pd_role="decoder", connector="nixl"), "pd_role must be"),
+    (dict(connector="nixl"), "without a PD role"),
+    (dict(pd_role="producer", connector="tcp"), "connector must be"),
+    (dict(pd_role="consumer"), "connector must be"),
+    (dict(max_model_len=10**7), "max_model_len"),
+    (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(kv_cache_gib=0), "kv_cache_gib"),
+    (dict(spec="eagle3:2"), "eagle3 needs a draft model"),
+])
+def test_bad_topologies_are_refused_with_a_clear_message(kwargs, fragment):
+    base = dict(model=MODEL, random_weights=True)
+    base.update(kwargs)
+    with pytest.raises(TopologyError, match=fragment):
+        Topology(**base)
+
+
+def test_mtp_on_a_model_without_mtp_layers_is_refused():
+    with pytest.raises(TopologyError, match="no MTP layers"):
+        Topology(model="tiny-llama-swa", random_weights=True, spec="mtp:1")
+
+
+def test_engine_args_and_serve_flags():
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", max_num_seqs=3)
+    a = t.engine_args()
+    assert a["pipeline_parallel_size"] == 2 and a["distributed_executor_backend"] == "mp"
+    assert a["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert a["enforce_eager"] is True and a["dtype"] == "float32" and a["max_num_seqs"] == 3
+    flags = t.serve_args()
+    i = flags.index("--speculative-config")
+    assert json.loads(flags[i + 1])["num_speculative_tokens"] == 2
+    assert flags[flags.index("--pipeline-parallel-size") + 1] == "2"
+    assert "--enforce-eager" in flags
+
+
+def test_ngram_and_pd_configs():
+    t = Topology(model=MODEL, random_weights=True, spec="ngram:3", pd_role="producer", connector="nixl-push")
+    assert t.speculative_config()["prompt_lookup_max"] == 3
+    kv = t.kv_transfer_config()
+    assert kv == {"kv_connector": "NixlPushConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}
+
+
+def test_cpu_env_binds_one_core_group_per_rank():
+    assert omp_threads_bind(2, [0, 1]) == "0|1"
+    assert omp_threads_bind(4, [0, 1]) == "0|1|0|1"
+    assert omp_threads_bind(2, [0, 1, 2, 3]) == "0-1|2-3"
+    assert omp_threads_bind(1, [0, 1]) == "0-1"
+    env = Topology(model=MODEL, random_weights=True, pp=2, kv_cache_gib=1).env()
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"].count("|") == 1
+
+
+def test_random_checkpoint_is_seeded_and_normal_scale(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    from safetensors.numpy import load_file
+
+    t = Topology(model=MODEL, random_weights=True, seed=3)
+    p1 = t.model_path()
+    w = load_file(str(p1 / "model.safetensors"))
+    emb = w["model.embed_tokens.weight"]
+    assert 0.015 < float(emb.std()) < 0.025  # normal init, not vLLM's ~1e-3 dummy weights
+    assert float(w["model.norm.weight"].min()) == 1.0
+    assert t.model_path() == p1  # reused
+    p2 = t.with_(seed=4).model_path()
+    assert p2 != p1
+    assert (load_file(str(p2 / "model.safetensors"))["model.embed_tokens.weight"] != emb).any()
