@@ -148,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--verbose", action="store_true")
 
     sub.add_parser("train-tiny", help="train the tiny-mimo checkpoint (see kit.tinymodel)", add_help=False)
+    sub.add_parser("report", help="execute the notebooks headless and write reports/index.html", add_help=False)
+    sub.add_parser("matrix", help="run the correctness matrix and print a markdown table", add_help=False)
     return p
 
 
@@ -155,6 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "train-tiny":
         return cmd_train_tiny(None, argv[1:])
+    if argv and argv[0] == "report":
+        from .report import main as report_main
+
+        return report_main(argv[1:])
+    if argv and argv[0] == "matrix":
+        from .matrix import main as matrix_main
+
+        return matrix_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.cmd == "doctor":
         return cmd_doctor(args)

@@ -1,0 +1,112 @@
+"""The correctness matrix: which topologies must be token-identical to the PP=1, no-spec reference.
+
+One place for the cells, used by ``tests/test_correctness.py`` (the fast subset in CI, everything
+with ``-m slow``) and by ``python -m kit.matrix`` (prints the README table).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .compare import Comparison, compare, load_prompts
+from .engine import GenerationResult, generate
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    random: bool
+    pp: int
+    spec: str
+    eager: bool = True
+    max_num_seqs: int | None = None
+    fast: bool = False  # part of the CI subset
+
+    @property
+    def id(self) -> str:
+        w = "random" if self.random else "trained"
+        s = f"{self.model}-{w}-pp{self.pp}-{self.spec.replace(':', '')}"
+        if not self.eager:
+            s += "-compiled"
+        if self.max_num_seqs:
+            s += f"-seqs{self.max_num_seqs}"
+        return s
+
+    def topology(self) -> Topology:
+        return Topology(model=self.model, random_weights=self.random, pp=self.pp, spec=self.spec,
+                        enforce_eager=self.eager, max_num_seqs=self.max_num_seqs)
+
+
+MAX_TOKENS = 40
+NUM_PROMPTS = 8
+
+CELLS: list[Cell] = []
+for pp in (2, 4):
+    for k in (1, 2, 3):
+        for random in (True, False):
+            CELLS.append(Cell("tiny-mimo", random, pp, f"mtp:{k}",
+                              fast=(pp == 2 and k == 2 and not random)))
+    CELLS.append(Cell("tiny-mimo", True, pp, "ngram:2", fast=(pp == 2)))
+    CELLS.append(Cell("tiny-mimo", True, pp, "ngram:3", max_num_seqs=3, fast=(pp == 2)))
+    CELLS.append(Cell("tiny-mimo", False, pp, "mtp:2", max_num_seqs=3, fast=(pp == 4)))
+CELLS.append(Cell("tiny-mimo", False, 2, "mtp:2", eager=False))
+CELLS.append(Cell("tiny-mimo", True, 2, "mtp:2", eager=False))
+for pp in (2,):
+    CELLS.append(Cell("tiny-deepseek-v3", True, pp, "mtp:2"))
+    CELLS.append(Cell("tiny-llama-swa", True, pp, "eagle3:2"))
+    CELLS.append(Cell("tiny-glm4-moe", True, pp, "mtp:2"))
+
+
+_REFS: dict[tuple, GenerationResult] = {}
+
+
+def reference_for(topology: Topology, prompts: list[str], max_tokens: int) -> GenerationResult:
+    """The PP=1 no-spec reference for a topology's model and weights (cached per process)."""
+    ref = topology.reference().with_(max_num_seqs=None)
+    key = (ref.label(), ref.seed, ref.dtype, tuple(prompts), max_tokens)
+    if key not in _REFS:
+        _REFS[key] = generate(ref, prompts, max_tokens=max_tokens, top2=True)
+    return _REFS[key]
+
+
+def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS) -> Comparison:
+    prompts = prompts or load_prompts(limit=NUM_PROMPTS)
+    ref = reference_for(cell.topology(), prompts, max_tokens)
+    return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="run the correctness matrix and print a markdown table")
+    ap.add_argument("--fast", action="store_true", help="only the CI subset")
+    ap.add_argument("--match", default="", help="only cells whose id contains this")
+    ap.add_argument("--jsonl", default=None, help="append one JSON record per cell here")
+    args = ap.parse_args(argv)
+    cells = [c for c in CELLS if (c.fast or not args.fast) and args.match in c.id]
+    print(f"| cell | identical | first divergence | drafts | accepted | per position | s |")
+    print("|---|---|---|---|---|---|---|")
+    bad = 0
+    for c in cells:
+        t0 = time.monotonic()
+        try:
+            cmp = run_cell(c)
+            d = cmp.to_dict()
+            a = d["acceptance"]
+            row = (c.id, "yes" if d["identical"] else "**NO**", d["first_divergence"] or "", a["num_drafts"],
+                   a["num_accepted_tokens"], a["per_position"], round(time.monotonic() - t0))
+            bad += not d["identical"]
+            if args.jsonl:
+                with open(args.jsonl, "a") as f:
+                    f.write(json.dumps({"cell": c.id, **d}) + "\n")
+        except Exception as e:
+            row = (c.id, "**ERROR**", str(e).splitlines()[0][:120], "", "", "", round(time.monotonic() - t0))
+            bad += 1
+        print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

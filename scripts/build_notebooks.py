@@ -1,0 +1,277 @@
+"""Write notebooks/*.ipynb from the cell lists below (committed without outputs).
+
+Edit a notebook here, then run `.venv/bin/python scripts/build_notebooks.py`; the notebooks stay plain
+`.ipynb` files that JupyterLab opens and papermill runs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+OUT = Path(__file__).resolve().parent.parent / "notebooks"
+
+SETUP = """\
+import os, sys, pathlib
+# Notebooks run from notebooks/; make the repo importable even without `pip install -e .`.
+sys.path.insert(0, str(pathlib.Path.cwd().parent))
+import kit
+"""
+
+
+def md(s):
+    return new_markdown_cell(s.strip())
+
+
+def code(s, params=False):
+    c = new_code_cell(s.strip())
+    if params:
+        c.metadata["tags"] = ["parameters"]
+    return c
+
+
+NB = {}
+
+NB["00_start_here"] = [
+    md("""
+# Start here: PP + MTP on real vLLM, token for token
+
+**The question:** can a model split over two pipeline stages (PP=2) with an MTP drafter produce *exactly*
+the tokens of the plain model (PP=1, no speculation)? Greedy decoding is deterministic, so it must — and on
+stock vLLM 0.32 it does not (it does not even start). The kit's patches make it so; this notebook checks it.
+
+**Words you will meet**
+- **PP (pipeline parallelism)**: the decoder layers are split into consecutive stages, one process (rank) each.
+  Rank 0 embeds the tokens; the last rank holds the LM head and samples.
+- **MTP / Eagle3 drafter**: a small extra head that guesses the next *k* tokens; the target model checks all
+  of them in one forward pass and keeps the longest correct prefix (plus one token of its own). Correct
+  speculation never changes greedy output, it only saves target forwards.
+- **PD disaggregation**: one server does the prefill (producer) and hands the KV cache to another that decodes (consumer).
+
+**Where to go next**
+| notebook | question |
+|---|---|
+| `01_drafter_placement` | where do layers, drafter, embedding, LM head and KV cache live at PP=2 and PP=4? |
+| `02_layer_types_fix` | why must an Eagle3 drafter index `layer_types` with the *total* layer count? |
+| `03_draft_acceptance` | how many drafts are accepted per position, at PP=1 and PP=2? |
+| `04_pd_kv_handoff` | what moves from producer to consumer, and are the tokens still right? |
+"""),
+    code("""
+# Parameters (papermill / CI can override these)
+MODEL = "tiny-mimo"      # a model under data/models/
+RANDOM_WEIGHTS = False   # True: seeded random checkpoint (normal init), False: the trained checkpoint
+PP = 2
+SPEC = "mtp:2"           # METHOD:K
+NUM_PROMPTS = 4
+MAX_TOKENS = 32
+""", params=True),
+    code(SETUP),
+    md("## The machine and the kit\n`kit doctor` shows versions and which patches apply in this vLLM."),
+    code("""
+import subprocess
+print(subprocess.run([sys.executable, "-m", "kit", "doctor"], capture_output=True, text=True, cwd="..").stdout)
+"""),
+    md("""
+## A first run
+The kit starts the reference (PP=1, no speculation) and the topology below as real vLLM engines (each in
+its own process group, torn down afterwards), on the same prompts, greedy, float32.
+"""),
+    code("""
+from kit.topology import Topology
+from kit.compare import compare, load_prompts
+
+topo = Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=PP, spec=SPEC)
+prompts = load_prompts(limit=NUM_PROMPTS)
+cmp = compare(topo, prompts, max_tokens=MAX_TOKENS)
+d = cmp.to_dict()
+print("topology  :", topo.label())
+print("identical :", d["identical"], " first divergence:", d["first_divergence"])
+print("acceptance:", d["acceptance"])
+"""),
+    code("""
+from kit import plots
+plots.token_match(cmp.reference.token_ids, cmp.result.token_ids,
+                  title=f"{topo.label()} vs PP=1 no-spec: green = same token").show()
+"""),
+    md("""
+**What it shows:** every cell is one generated token; green means the PP + MTP engine produced the same token
+as the reference. An all-green picture is the claim of this kit: speculation under PP changes *how* tokens are
+produced (fewer target forwards when drafts are accepted), never *which* tokens.
+"""),
+    code("""
+assert d["identical"], f"PP={PP} + {SPEC} diverged from the reference: {d['first_divergence']}"
+assert d["acceptance"]["num_drafts"] > 0, "the drafter never ran"
+print("claim holds: identical tokens,", d["acceptance"]["num_accepted_tokens"], "draft tokens accepted")
+"""),
+]
+
+NB["01_drafter_placement"] = [
+    md("""
+# Where does everything live under PP?
+
+**The question:** with PP=2 and PP=4, which rank holds which decoder layers, the embedding, the LM head,
+the MTP drafter and which KV cache? Everything below is read from the **live engine**: the kit adds a method
+to every vLLM worker (`worker_extension_cls`) and calls it with `LLM.collective_rpc`.
+"""),
+    code("""
+MODEL = "tiny-mimo"
+RANDOM_WEIGHTS = True
+SPEC = "mtp:1"
+PP_SIZES = [2, 4]
+PATCHES_FOR_FAILURE = "all,-drafter_only_on_last_rank"   # the run that shows what breaks
+""", params=True),
+    code(SETUP),
+    code("""
+import pandas as pd
+from kit.topology import Topology
+from kit.placement import placement, summary_rows
+from kit import plots
+
+layouts = {}
+for pp in PP_SIZES:
+    topo = Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=pp, spec=SPEC)
+    layouts[pp] = placement(topo)
+    display(pd.DataFrame(summary_rows(layouts[pp])).set_index("pp_rank"))
+"""),
+    code("""
+n_layers = Topology(model=MODEL, random_weights=True).info.num_layers
+for pp, ranks in layouts.items():
+    plots.placement_lanes(ranks, n_layers, title=f"PP={pp}: layers per rank, drafter on the last rank").show()
+"""),
+    md("""
+**What it shows:** the decoder layers are split into consecutive ranges; rank 0 alone embeds tokens, the
+last rank alone has the LM head — and the MTP drafter (with its own copy of embedding and LM head) lives
+only on the last rank, next to the sampler whose tokens it extends. Each rank's KV cache holds only its own
+layers' KV; the drafter's layer KV sits on the last rank.
+"""),
+    code("""
+for pp, ranks in layouts.items():
+    last = max(r["pp_rank"] for r in ranks)
+    covered = sorted(i for r in ranks for i in r["layers"])
+    assert covered == list(range(n_layers)), f"PP={pp}: layers not partitioned: {covered}"
+    for r in ranks:
+        has_drafter = bool(r["drafter"] and r["drafter"].get("params"))
+        assert has_drafter == (r["pp_rank"] == last), f"PP={pp} rank {r['pp_rank']}: drafter placement"
+        assert r["embedding"] == (r["pp_rank"] == 0) and r["lm_head"] == (r["pp_rank"] == last)
+print("claim holds: layers partitioned, drafter / embedding / LM head where expected")
+"""),
+    md("""
+## The failure without the kit's drafter guard
+Stock vLLM 0.32 creates the drafter only on the last rank, but other start-up paths touch `self.drafter` on
+every rank. Turning the kit's `drafter_only_on_last_rank` patch off shows the crash (caught here).
+"""),
+    code("""
+from kit.engine import EngineError
+err = None
+try:
+    placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=2, spec=SPEC),
+              env={"KIT_PATCHES": PATCHES_FOR_FAILURE}, timeout=300)
+except EngineError as e:
+    err = str(e)
+print(err or "no error: the run started")
+"""),
+    code("""
+if "drafter_only_on_last_rank" in PATCHES_FOR_FAILURE and "-drafter_only_on_last_rank" not in PATCHES_FOR_FAILURE:
+    assert err is None, err
+else:
+    assert err is not None and "has no attribute 'drafter'" in err, "expected the missing-drafter crash"
+    print("as expected: the non-last rank touched a drafter it does not have")
+"""),
+]
+
+NB["03_draft_acceptance"] = [
+    md("""
+# How many drafts are accepted, per position, and does PP change that?
+
+**The question:** with the trained `tiny-mimo` (one MTP layer, trained to predict the token after next),
+how often is each draft position accepted for k = 1..4, and are the counts the same at PP=1 and PP=2?
+They must be: with greedy decoding, acceptance depends only on the model, not on how it is split.
+"""),
+    code("""
+MODEL = "tiny-mimo"
+KS = [1, 2, 3, 4]
+PP_SIZES = [1, 2]
+NUM_PROMPTS = 8
+MAX_TOKENS = 48
+SAMPLED_TEMPERATURE = 0.8
+""", params=True),
+    code(SETUP),
+    code("""
+import time
+from kit import engine, plots
+from kit.compare import load_prompts
+from kit.topology import Topology
+
+prompts = load_prompts(limit=NUM_PROMPTS)
+results = {}
+for pp in PP_SIZES:
+    base = engine.generate(Topology(model=MODEL, pp=pp), prompts, max_tokens=MAX_TOKENS)
+    results[(pp, 0)] = base
+    for k in KS:
+        results[(pp, k)] = engine.generate(Topology(model=MODEL, pp=pp, spec=f"mtp:{k}"), prompts, max_tokens=MAX_TOKENS)
+rows = []
+for (pp, k), r in results.items():
+    s = r.spec
+    rows.append({"PP": pp, "k": k, "drafts": s.num_drafts, "accepted": s.num_accepted_tokens,
+                 "per_position": s.per_position, "mean_acceptance_length": s.mean_acceptance_length,
+                 "tokens/s": round(r.num_generated / r.seconds, 1)})
+import pandas as pd
+display(pd.DataFrame(rows))
+"""),
+    code("""
+plots.acceptance_bars([{"label": f"PP={pp}, k={k}", "per_position_rate": results[(pp, k)].spec.per_position_rate}
+                       for pp in PP_SIZES for k in KS]).show()
+"""),
+    md("""
+**What it shows:** position 1 (the MTP head's own prediction) is accepted most often; later positions reuse
+the same head on its own guesses, so acceptance falls with depth. Bars of the same k at PP=1 and PP=2 are equal.
+Wall-clock tokens/s on 2 CPU cores is honest but not flattering: the drafter's forward and the extra
+verification positions cost about as much as they save on a model this small.
+"""),
+    code("""
+for k in KS:
+    a, b = results[(PP_SIZES[0], k)], results[(PP_SIZES[-1], k)]
+    assert a.token_ids == b.token_ids == results[(PP_SIZES[0], 0)].token_ids, f"k={k}: tokens differ across PP"
+    assert a.spec == b.spec, f"k={k}: acceptance differs between PP={PP_SIZES[0]} and PP={PP_SIZES[-1]}: {a.spec} vs {b.spec}"
+assert results[(PP_SIZES[0], 1)].spec.per_position_rate[0] >= 0.5, "trained MTP head accepts under half its drafts"
+print("claims hold: same tokens and the same acceptance counts at every PP size")
+"""),
+    md("## A sampled setting\nWith temperature > 0 (seeded) acceptance is lower: the target's sampled token often differs from the draft."),
+    code("""
+sampled = engine.generate(Topology(model=MODEL, pp=1, spec="mtp:2"), prompts, max_tokens=MAX_TOKENS,
+                          temperature=SAMPLED_TEMPERATURE, seed=0)
+print("sampled acceptance per position:", [round(x, 2) for x in sampled.spec.per_position_rate])
+assert sampled.spec.num_drafts > 0
+"""),
+    md("## Try it yourself\nPick k, PP, temperature and a prompt, then press Run (widgets; the defaults above run headless)."),
+    code("""
+import ipywidgets as W
+k_w = W.IntSlider(value=2, min=1, max=4, description="k")
+pp_w = W.Dropdown(options=[1, 2, 4], value=2, description="PP")
+t_w = W.FloatSlider(value=0.0, min=0.0, max=1.5, step=0.1, description="temperature")
+p_w = W.Textarea(value=prompts[0], description="prompt")
+out = W.Output()
+def _run(_):
+    with out:
+        out.clear_output()
+        r = engine.generate(Topology(model=MODEL, pp=pp_w.value, spec=f"mtp:{k_w.value}"), [p_w.value],
+                            max_tokens=MAX_TOKENS, temperature=t_w.value, seed=0)
+        print(r.texts[0]); print(r.spec)
+btn = W.Button(description="Run"); btn.on_click(_run)
+display(W.VBox([k_w, pp_w, t_w, p_w, btn, out]))
+"""),
+]
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    for name, cells in NB.items():
+        nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                                                "language": "python"}})
+        nbformat.write(nb, str(OUT / f"{name}.ipynb"))
+        print("wrote", OUT / f"{name}.ipynb")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The heart: PP + speculative decoding is token-identical to the PP=1, no-spec reference.
+
+The CI subset runs the cells marked ``fast`` in kit/matrix.py; ``-m slow`` runs the whole matrix.
+Patch necessity: with a patch off, the failure it fixes still reproduces on stock vLLM 0.32.
+"""
+import pytest
+
+from kit import engine
+from kit.compare import first_divergence, load_prompts
+from kit.matrix import CELLS, MAX_TOKENS, NUM_PROMPTS, reference_for, run_cell
+from kit.topology import Topology
+
+from conftest import MODEL
+
+pytestmark = pytest.mark.engine
+
+
+def _check(cell):
+    c = run_cell(cell)
+    d = c.to_dict()
+    assert d["identical"], f"{cell.id}: first divergence {d['first_divergence']}"
+    assert d["num_prompts"] >= 8 and d["num_tokens"] >= 8 * MAX_TOKENS
+    assert d["acceptance"]["num_drafts"] > 0, "no drafts: the spec path was not exercised"
+    return c
+
+
+@pytest.mark.parametrize("cell", [c for c in CELLS if c.fast], ids=lambda c: c.id)
+def test_fast_cells(cell, no_leftovers):
+    _check(cell)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", [c for c in CELLS if not c.fast], ids=lambda c: c.id)
+def test_slow_cells(cell):
+    _check(cell)
+
+
+def test_acceptance_parity_pp1_pp2_ngram(no_leftovers):
+    """Accepted-per-position counts at PP=2 equal those at PP=1 exactly (n-gram drafts are accepted)."""
+    prompts = load_prompts(limit=NUM_PROMPTS)
+    t1 = Topology(model=MODEL, random_weights=True, pp=1, spec="ngram:2")
+    r1 = engine.generate(t1, prompts, max_tokens=MAX_TOKENS)
+    r2 = engine.generate(t1.with_(pp=2), prompts, max_tokens=MAX_TOKENS)
+    assert r1.token_ids == r2.token_ids
+    assert r1.spec.num_accepted_tokens > 0
+    assert r1.spec == r2.spec, (r1.spec, r2.spec)
+
+
+# -- patch necessity: each failure still reproduces with its patch off -------------------------------
+
+def _prompts():
+    return load_prompts(limit=4)
+
+
+def test_without_schedule_gate_tokens_leak_between_requests(no_leftovers):
+    prompts = _prompts()
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")
+    ref = reference_for(t, prompts, 24)
+    r = engine.generate(t, prompts, max_tokens=24,
+                        env={"KIT_PATCHES": "all,-pp_spec_schedule_gate,-decode_side_pp_spec_rule"})
+    div = first_divergence(ref, r)
+    assert div is not None, "stock scheduling gave the reference tokens: the gate patch would do no work"
+    # A leak, not a near-tie: the reference's top-1 is clearly ahead where the run diverges.
+    assert div["reference_margin"] is None or div["reference_margin"] > 1e-3
+
+
+def test_without_history_fix_accepted_drafts_corrupt_tokens(no_leftovers):
+    prompts = _prompts()
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="ngram:2")
+    ref = reference_for(t, prompts, 24)
+    r = engine.generate(t, prompts, max_tokens=24,
+                        env={"KIT_PATCHES": "all,-pp_spec_token_history,-decode_side_pp_spec_rule"})
+    assert r.spec.num_accepted_tokens > 0
+    assert first_divergence(ref, r) is not None
+
+
+def test_without_eager_buffers_pp2_eager_crashes(no_leftovers):
+    t = Topology(model=MODEL, random_weights=True, pp=2)
+    with pytest.raises(engine.EngineError, match="intermediate_tensors is not None"):
+        engine.generate(t, _prompts()[:1], max_tokens=4, env={"KIT_PATCHES": "all,-eager_pp_intermediate_buffers"},
+                        timeout=300)
+
+
+def test_decode_side_rule_refuses_without_the_fix(no_leftovers):
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
+    with pytest.raises(engine.EngineError, match="only supported on the\\s+prefill side|data parallelism"):
+        engine.generate(t, _prompts()[:1], max_tokens=4, env={"KIT_PATCHES": "all,-pp_spec_schedule_gate"},
+                        timeout=300)
