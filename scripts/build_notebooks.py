@@ -172,11 +172,8 @@ except EngineError as e:
 print(err or "no error: the run started")
 """),
     code("""
-if "drafter_only_on_last_rank" in PATCHES_FOR_FAILURE and "-drafter_only_on_last_rank" not in PATCHES_FOR_FAILURE:
-    assert err is None, err
-else:
-    assert err is not None and "has no attribute 'drafter'" in err, "expected the missing-drafter crash"
-    print("as expected: the non-last rank touched a drafter it does not have")
+assert err is not None and "has no attribute 'drafter'" in err, "expected the missing-drafter crash"
+print("as expected: the non-last rank touched a drafter it does not have")
 """),
 ]
 

@@ -9,7 +9,7 @@ sys.path.insert(0, str(ROOT))
 # Generated files (random checkpoints, engine logs) stay inside the test session's cache.
 os.environ.setdefault("KIT_CACHE_DIR", str(ROOT / "runs" / "cache"))
 
-MODEL = "tiny-mimo"
+MODEL = os.environ.get("KIT_TEST_MODEL", "tiny-mimo")
 
 
 @pytest.fixture

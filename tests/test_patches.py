@@ -35,6 +35,7 @@ def test_every_patch_is_documented():
 
 
 def test_decode_side_rule(monkeypatch):
+    """Decode-side PP + spec is refused only when a correctness patch is off."""
     from kit.patches.decode_side_rule import check
 
     monkeypatch.setenv("KIT_PATCHES", "all")
@@ -46,9 +47,14 @@ def test_decode_side_rule(monkeypatch):
     check(1, True, None)
 
 
+class _State(SimpleNamespace):
+    @property
+    def num_tokens(self):
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+
 def _fake_runner(history, prompt_len, in_batch=True):
-    state = SimpleNamespace(output_token_ids=list(history), num_prompt_tokens=prompt_len)
-    type(state).num_tokens = property(lambda s: s.num_prompt_tokens + len(s.output_token_ids))
+    state = _State(output_token_ids=list(history), num_prompt_tokens=prompt_len)
     batch = SimpleNamespace(req_id_to_index={"r": 0} if in_batch else {},
                             token_ids_cpu=np.zeros((1, 64), dtype=np.int64),
                             is_token_ids=np.zeros((1, 64), dtype=bool),

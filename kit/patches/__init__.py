@@ -69,16 +69,20 @@ def register(patch: Patch) -> Patch:
     return patch
 
 
+_MODULES = ("cpu_amx", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history",
+            "decode_side_rule", "upstream_checks")
+
+
 def registry() -> dict[str, Patch]:
-    """All patches, in application order."""
+    """All patches, in application order (the order of ``_MODULES``)."""
     _load_modules()
-    return dict(_REGISTRY)
+    order = {}
+    for n, p in _REGISTRY.items():
+        order[n] = (_MODULES.index(p.apply.__module__.rsplit(".", 1)[-1]), list(_REGISTRY).index(n))
+    return {n: _REGISTRY[n] for n in sorted(_REGISTRY, key=order.__getitem__)}
 
 
 def _load_modules() -> None:
-    if _REGISTRY:
-        return
-    # Import order is application order.
     from . import (  # noqa: F401
         cpu_amx,
         drafter_guard,

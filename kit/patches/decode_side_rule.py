@@ -3,8 +3,10 @@
 The seed PR (vLLM #46003) adds ``_validate_spec_decode_pp_config``: speculative decoding with PP > 1 is
 allowed only on a PD producer (``kv_role='kv_producer'``), which runs prefill only and never verifies a
 draft; on the decode side the verification loop produced wrong tokens under PP, so it raised a
-ValueError pointing to DP + MTP. vLLM 0.32.0 has no such check: stock 0.32 starts a decode-side PP +
-MTP engine (once the drafter guard is in) and silently returns wrong tokens.
+ValueError pointing to DP + MTP.
+What breaks without it: vLLM 0.32.0 has no such check, so with the drafter guard but without the
+correctness patches a decode-side PP + MTP engine starts and silently returns wrong tokens (one
+request's tokens leak into another's; see ``pp_spec_schedule``).
 Here the rule holds exactly when it is needed: if both correctness patches (``pp_spec_schedule_gate``
 and ``pp_spec_token_history``) are active in this environment, decode-side PP + speculation is allowed
 (it is then verified token-identical by the kit's correctness matrix); otherwise it is refused with the

@@ -1,0 +1,40 @@
+"""Every notebook runs headless under papermill; breaking a claim makes papermill fail."""
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = [pytest.mark.notebook, pytest.mark.engine]
+NB = ROOT / "notebooks"
+
+# CI parameters: smaller, but every claim's assertion stays.
+CI_PARAMS = {
+    "00_start_here": dict(NUM_PROMPTS=2, MAX_TOKENS=24),
+    "01_drafter_placement": dict(PP_SIZES=[2, 4]),
+    "03_draft_acceptance": dict(KS=[1, 2], PP_SIZES=[1, 2], NUM_PROMPTS=4, MAX_TOKENS=32),
+}
+
+
+def _run(name, tmp_path, **params):
+    import papermill as pm
+
+    out = tmp_path / f"{name}.out.ipynb"
+    pm.execute_notebook(str(NB / f"{name}.ipynb"), str(out), parameters=params, cwd=str(NB),
+                        kernel_name="python3", progress_bar=False, execution_timeout=1500)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in NB.glob("[0-9][0-9]_*.ipynb")))
+def test_notebook_runs(name, tmp_path, no_leftovers):
+    _run(name, tmp_path, **CI_PARAMS.get(name, {}))
+
+
+def test_placement_notebook_fails_when_its_claim_breaks(tmp_path, no_leftovers):
+    """With the drafter guard left ON in the 'failure' run, the notebook's expected crash does not
+    happen, and its assertion must stop papermill."""
+    import papermill as pm
+
+    with pytest.raises(pm.PapermillExecutionError, match="expected the missing-drafter crash"):
+        _run("01_drafter_placement", tmp_path, PP_SIZES=[2], PATCHES_FOR_FAILURE="all")
