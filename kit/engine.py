@@ -21,7 +21,7 @@ from typing import Any
 
 from .metrics import SpecCounters
 from .models import cache_dir
-from .procs import ManagedProcess, ProcessFailed, python_cmd
+from .procs import ManagedProcess, ProcessFailed, python_cmd, root_cause
 from .topology import Topology
 
 DEFAULT_START_TIMEOUT = 600.0
@@ -172,9 +172,9 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
         proc.terminate()
     result["log"] = str(log_path)
     if not result.get("ok"):
-        lines = result.get("traceback", "").strip().splitlines()[-12:]
-        raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n    "
-                          + "\n    ".join(lines) + f"\n  (log: {log_path})")
+        cause = root_cause(log_path)
+        raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
+                          f"{log_path}:\n    " + "\n    ".join(cause))
     return result
 
 

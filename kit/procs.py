@@ -35,27 +35,43 @@ class ProcessFailed(RuntimeError):
         self.cause_lines = cause_lines or []
 
 
-def root_cause(log_path: Path | None, max_lines: int = 25) -> list[str]:
-    """The lines of a log that say why a vLLM process failed: the last traceback and error lines."""
+_PREFIX = re.compile(r"^\((?P<proc>[^)]*pid=\d+)\)\s+(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\]\s?)?")
+_EXC_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
+_SIGNALS = re.compile(r"(SIGILL|SIGSEGV|SIGKILL|Illegal instruction|Segmentation fault|core dumped|out of memory|"
+                      r"died|exit code -?\d+)", re.I)
+
+
+def root_cause(log_path: Path | None, max_lines: int = 20) -> list[str]:
+    """The lines of a vLLM log that say why it failed.
+
+    vLLM prefixes each child's lines with ``(Worker_PP1 pid=N) ERROR <date> [file:line]``; those are
+    stripped. The FIRST traceback is the original failure (later ones are consequences: a dead engine
+    core, then the caller's error), so its last frames and exception line are returned, named by the
+    process that raised it, plus any signal / exit-code lines.
+    """
     if log_path is None or not Path(log_path).exists():
         return []
-    lines = Path(log_path).read_text(errors="replace").splitlines()
-    # The last Python traceback, if any, is the best single explanation.
-    starts = [i for i, l in enumerate(lines) if "Traceback (most recent call last)" in l]
+    clean = []
+    for line in Path(log_path).read_text(errors="replace").splitlines():
+        m = _PREFIX.match(line)
+        clean.append((m.group("proc") if m else "", _PREFIX.sub("", line)))
     picked: list[str] = []
+    starts = [i for i, (_, t) in enumerate(clean) if t.startswith("Traceback (most recent call last)")]
     if starts:
-        block = lines[starts[-1]:]
-        exc = re.compile(r"^(\S*\s)?\S*(Error|Exception|Exit|Interrupt)\b.*:?")
-        end = next((i for i, l in enumerate(block[1:], 1) if exc.match(l) and not l.startswith((" ", "\t"))), None)
-        picked = block[: end + 1] if end is not None else block[:max_lines]
-        picked = [l for l in picked if l.strip()][-max_lines:]
-    pat = re.compile(r"(Error|error:|SIGILL|Illegal instruction|Segmentation fault|Killed|assert|died|exit code|"
-                     r"signal \d+|core dumped|OOM|out of memory)", re.I)
-    errs = [l for l in lines if pat.search(l) and "Traceback" not in l]
-    for l in errs[-8:]:
-        if l not in picked:
-            picked.append(l)
-    return picked[-max_lines:]
+        proc = clean[starts[0]][0]
+        block = []
+        for p, t in clean[starts[0]:]:
+            if p != proc:  # lines of other processes interleave
+                continue
+            block.append(t)
+            if _EXC_LINE.match(t):
+                break
+        head = f"in {proc.split(' pid=')[0]}:" if proc else "in the engine process:"
+        picked = [head] + [l for l in block if l.strip() and not set(l.strip()) <= set("^~")][-(max_lines - 1):]
+    for p, t in clean:
+        if _SIGNALS.search(t) and t not in picked:
+            picked.append(t if not p else f"[{p.split(' pid=')[0]}] {t}")
+    return picked[:max_lines + 6]
 
 
 def _set_pdeathsig() -> None:  # runs in the child before exec
