@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["jobs"].append(eng.generate(**job).to_dict())
             elif kind == "inspect":
                 result["jobs"].append(eng.inspect())
+            elif kind == "rpc":  # a KitWorkerExtension method, called on every worker
+                result["jobs"].append(eng.llm.collective_rpc(job["method"]))
             else:
                 raise ValueError(f"unknown job kind {kind!r}")
         result["ok"] = True

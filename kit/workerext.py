@@ -69,3 +69,31 @@ class KitWorkerExtension:
             "kv_cache": kv,
             "hostname": os.uname().nodename,
         }
+
+    def kit_eagle3_layers(self) -> dict:
+        """On the rank with an Eagle3 drafter: its layer names, attention kind, and the layer counts."""
+        from vllm.distributed.parallel_state import get_pp_group
+
+        runner = self.model_runner
+        vc = runner.vllm_config
+        out = {"pp_rank": get_pp_group().rank_in_group,
+               "per_rank_layers": vc.model_config.get_num_layers(vc.parallel_config),
+               "total_layers": vc.model_config.get_total_num_hidden_layers(),
+               "target_layer_types": list(getattr(vc.model_config.hf_config, "layer_types", None) or []),
+               "target_attn_layers": {}, "draft": None}
+        for name, layer in vc.compilation_config.static_forward_context.items():
+            sw = getattr(layer, "sliding_window", None)
+            out["target_attn_layers"][name] = {"sliding_window": sw}
+        drafter = getattr(runner, "drafter", None)
+        dm = getattr(drafter, "model", None) if drafter is not None else None
+        if dm is not None:
+            cfg = getattr(dm, "config", None)
+            layers = {}
+            for mname, mod in dm.named_modules():
+                if type(mod).__name__ in ("Attention",) and hasattr(mod, "layer_name"):
+                    layers[mod.layer_name] = {"sliding_window": getattr(mod, "sliding_window", None)}
+            out["draft"] = {"class": type(dm).__name__,
+                            "target_layer_count": getattr(cfg, "target_layer_count", None),
+                            "draft_layer_types": list(getattr(cfg, "layer_types", None) or []),
+                            "attn_layers": layers}
+        return out

@@ -69,7 +69,7 @@ def register(patch: Patch) -> Patch:
     return patch
 
 
-_MODULES = ("cpu_amx", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history",
+_MODULES = ("cpu_amx", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history", "eagle3_aux_pp",
             "decode_side_rule", "upstream_checks")
 
 
@@ -89,6 +89,7 @@ def _load_modules() -> None:
         eager_pp_buffers,
         pp_spec_schedule,
         pp_spec_history,
+        eagle3_aux_pp,
         decode_side_rule,
         upstream_checks,
     )

@@ -71,3 +71,41 @@ register(Patch(
     apply=_noop,
     needed=_qwen35_needed,
 ))
+
+
+# -- teaching: the OLD Eagle3 behaviour, reproduced on real vLLM code ------------------------------------
+
+def _legacy_apply() -> None:
+    """During the Eagle3 drafter's construction, answer the total layer count with the per-rank count,
+    exactly as pre-fix vLLM did (``target_layer_num = model_config.get_num_layers(parallel_config)``)."""
+    import functools
+
+    from vllm.config import ModelConfig
+    from vllm.model_executor.models import llama_eagle3
+
+    cls = llama_eagle3.Eagle3LlamaForCausalLM
+    orig_init = cls.__init__
+
+    @functools.wraps(orig_init)
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        mc = vllm_config.model_config
+        per_rank = mc.get_num_layers(vllm_config.parallel_config)
+        orig_total = ModelConfig.get_total_num_hidden_layers
+        ModelConfig.get_total_num_hidden_layers = lambda self_: per_rank if self_ is mc else orig_total(self_)
+        try:
+            orig_init(self, vllm_config=vllm_config, prefix=prefix)
+        finally:
+            ModelConfig.get_total_num_hidden_layers = orig_total
+
+    cls.__init__ = __init__
+
+
+register(Patch(
+    name="eagle3_per_rank_layers_legacy",
+    summary="TEACHING ONLY: reinstate the old Eagle3 target_layer_num = per-rank layer count",
+    upstream="vLLM #46003 (what the seed PR fixed)",
+    targets="vllm==0.32.0 (to show pre-fix behaviour)",
+    apply=_legacy_apply,
+    needed=lambda: True,
+    teaching_only=True,
+))
