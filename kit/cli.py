@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("train-tiny", help="train the tiny-mimo checkpoint (see kit.tinymodel)", add_help=False)
     sub.add_parser("report", help="execute the notebooks headless and write reports/index.html", add_help=False)
+    sub.add_parser("bench", help="start-up, TTFT, decode speed, acceptance and memory per topology", add_help=False)
+    sub.add_parser("pd", help="producer PP+MTP hands KV to a consumer; compare with the reference", add_help=False)
     sub.add_parser("matrix", help="run the correctness matrix and print a markdown table", add_help=False)
     return p
 
@@ -161,6 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         from .report import main as report_main
 
         return report_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
+    if argv and argv[0] == "pd":
+        from .pd import main as pd_main
+
+        return pd_main(argv[1:])
     if argv and argv[0] == "matrix":
         from .matrix import main as matrix_main
 

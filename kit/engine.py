@@ -171,6 +171,7 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
     finally:
         proc.terminate()
     result["log"] = str(log_path)
+    result["peak_rss"] = dict(proc.peak_rss)
     if not result.get("ok"):
         cause = root_cause(log_path)
         raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
@@ -187,6 +188,7 @@ def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, tempe
     g = GenerationResult.from_dict(res["jobs"][0])
     g.topology["start_seconds"] = res.get("start_seconds")
     g.topology["log"] = res["log"]
+    g.topology["peak_rss"] = res.get("peak_rss", {})
     return g
 
 

@@ -104,6 +104,7 @@ class ManagedProcess:
         self.pid = self.popen.pid
         self.started = time.monotonic()
         self._seen: dict[int, str] = {}
+        self.peak_rss: dict[str, int] = {}  # process title -> peak resident bytes seen
         _LIVE.add(self)
 
     # -- state --------------------------------------------------------------------------------
@@ -142,6 +143,15 @@ class ManagedProcess:
         for pid, title in current.items():
             if VLLM_TITLES.search(title):
                 self._seen.setdefault(pid, title)
+        for p in self.tree():
+            try:
+                title = _title(p)
+                rss = p.memory_info().rss
+            except psutil.Error:
+                continue
+            key = f"{title} (pid {p.pid})"
+            if rss > self.peak_rss.get(key, 0):
+                self.peak_rss[key] = rss
         dead = [f"{t} (pid {pid})" for pid, t in self._seen.items() if pid not in current]
         return ", ".join(dead) if dead else None
 
@@ -221,6 +231,17 @@ def leftover_vllm_processes(exclude: set[int] | None = None) -> list[str]:
         if pat.search(cmd) and "pytest" not in cmd:
             out.append(f"{p.pid} {cmd[:160]}")
     return out
+
+
+def _title(p: psutil.Process) -> str:
+    """A short name for a process of a vLLM tree (vLLM retitles its children, e.g. ``VLLM::Worker_PP1``)."""
+    cmd = " ".join(p.cmdline()).strip()
+    for key in ("kit.runner", "vllm.entrypoints", "resource_tracker"):
+        if key in cmd:
+            return key
+    if cmd.startswith("VLLM::") or "EngineCore" in cmd:
+        return cmd.split()[0]
+    return p.name()
 
 
 def python_cmd(module: str, *args: str) -> list[str]:

@@ -70,6 +70,10 @@ EXCLUDED_DIRS = frozenset({
     "encodings", "pydoc_data", "ensurepip", "idlelib", "turtledemo", "lib2to3",
 })
 MAX_FILE_BYTES = 300_000
+# transformers' Qwen2Tokenizer pre-tokenizer split (models/qwen2/tokenization_qwen2.py)
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 VAL_EVERY = 50  # every 50th corpus file is validation text
 
 
@@ -217,10 +221,17 @@ def read_text(f: Path) -> str:
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int):
     """Byte-level BPE (GPT-2 style pre-tokenizer), deterministic for a given text sequence."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # The same normalizer / pre-tokenizer / decoder that transformers' Qwen2Tokenizer builds: with
+    # ``model_type: qwen2`` transformers 5 (and so vLLM) may load the vocab and merges into that class
+    # instead of using tokenizer.json as is, and both paths must give the same ids.
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -766,31 +777,74 @@ def mtp_predictions(model: TinyMiMo, seq: Sequence[int]) -> list[int]:
     return model.mtp_logits(model.mtp_hidden(h, x[:, 1:T + 1], pos)).argmax(-1)[0].tolist()
 
 
-def simulate_k1(model: TinyMiMo, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> dict:
-    """Expected vLLM MTP k=1 counters for one greedy request whose output is ``output_ids``.
+@torch.no_grad()
+def draft_tokens(model: TinyMiMo, seq: Sequence[int], j: int, k: int, _cache: dict | None = None) -> list[int]:
+    """The k MTP draft tokens vLLM proposes when ``seq[:j+1]`` is known (last known index j).
 
-    After a step whose last known token is at index j (so the drafter's last position is p=j-1),
-    the draft predicts seq[j+1]; accepted -> the step yields 2 tokens, else 1. Drafts are only
-    counted while the request still needs more than one token (vLLM stops proposing then).
+    Draft 1 comes from the drafter's first pass at position p=j-1 (trunk hidden h_p, token seq[j]).
+    Draft s>1 re-applies the MTP layer at position p+s-1 to the previous draft step's output
+    (after final_layernorm) and the previous draft token; its attention sees the first pass's
+    keys at positions 0..p, the earlier draft steps' keys and its own (the drafter KV cache).
     """
+    layer = model.model.mtp_layers[0]
+    attn = layer.self_attn
+    if _cache is None or _cache.get("seq") != tuple(seq):
+        x = torch.tensor([list(seq)])
+        T = x.shape[1] - 1
+        pos = torch.arange(T)
+        h = model.hidden(x[:, :T], pos)
+        kv: list = []
+        m = model.mtp_hidden(h, x[:, 1:T + 1], pos, kv_out=kv)
+        fresh = {"seq": tuple(seq), "m": m, "k": kv[0][0], "v": kv[0][1]}
+        if _cache is not None:
+            _cache.clear()
+            _cache.update(fresh)
+        _cache = fresh
+    p = j - 1
+    m_prev = _cache["m"][:, p:p + 1]
+    K, V = _cache["k"][:, :, :p + 1], _cache["v"][:, :, :p + 1]
+    drafts = [int(model.mtp_logits(m_prev).argmax(-1))]
+    for s in range(1, k):
+        position = torch.tensor([p + s])
+        tok = torch.tensor([[drafts[-1]]])
+        xin = layer.mtp_input(model.model.embed_tokens(tok), position, m_prev)
+        hn = layer.input_layernorm(xin)
+        q, k_new, v_new = attn.qkv(hn, position)
+        K, V = torch.cat([K, k_new], dim=2), torch.cat([V, v_new], dim=2)
+        o = F.scaled_dot_product_attention(q, K, V, scale=attn.hd ** -0.5)
+        hmid = xin + attn.out(o)
+        out = hmid + layer.mlp(layer.post_attention_layernorm(hmid))
+        m_prev = layer.final_layernorm(out)
+        drafts.append(int(model.mtp_logits(m_prev).argmax(-1)))
+    return drafts
+
+
+def simulate_spec(model: TinyMiMo, prompt_ids: Sequence[int], output_ids: Sequence[int], k: int) -> dict:
+    """Expected vLLM MTP counters for one greedy request whose (spec-independent) output is
+    ``output_ids``: each decode step verifies k drafts, accepts the longest matching prefix (a)
+    and yields a+1 tokens; the request ends at len(output_ids) tokens (a last accepted draft
+    still counts even when its bonus token is cut off)."""
     seq = list(prompt_ids) + list(output_ids)
-    pred = mtp_predictions(model, seq)
     L, n_out = len(prompt_ids), len(output_ids)
     drafts = accepted = 0
-    produced = 1  # the prefill samples the first output token
-    j = L  # index of the last known token
+    per_pos = [0] * k
+    produced, j = 1, L  # the prefill samples the first output token, at index L
+    cache: dict = {}
     while produced < n_out:
-        p = j - 1
+        d = draft_tokens(model, seq, j, k, cache)
         drafts += 1
-        ok = pred[p] == seq[j + 1]
-        if ok:
-            accepted += 1
-            produced += 2
-            j += 2
-        else:
-            produced += 1
-            j += 1
-    return {"drafts": drafts, "accepted": accepted}
+        a = 0
+        while a < k and j + 1 + a < len(seq) and d[a] == seq[j + 1 + a]:
+            per_pos[a] += 1
+            a += 1
+        accepted += a
+        produced += a + 1
+        j += a + 1
+    return {"drafts": drafts, "draft_tokens": drafts * k, "accepted": accepted, "accepted_per_pos": per_pos}
+
+
+def simulate_k1(model: TinyMiMo, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> dict:
+    return simulate_spec(model, prompt_ids, output_ids, 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -960,6 +1014,12 @@ def acceptance(model_dir: Path | str = DEFAULT_OUT, prompts: Sequence[str] | Non
            "llm_kwargs": llm_kwargs, "env": env}
     res = run_vllm_job(job, timeout=timeout, lock=lock)
     m = res["metrics"]
+    # What the PyTorch MTP head predicts for the same greedy outputs (checks the drafter's math).
+    model = load_model(model_dir)
+    sims = [simulate_spec(model, o["prompt_token_ids"], o["token_ids"], k) for o in res["outputs"]]
+    predicted = {"drafts": sum(x["drafts"] for x in sims), "draft_tokens": sum(x["draft_tokens"] for x in sims),
+                 "accepted": sum(x["accepted"] for x in sims),
+                 "accepted_per_pos": [sum(x["accepted_per_pos"][i] for x in sims) for i in range(k)]}
     drafts = m.get("vllm:spec_decode_num_drafts", 0)
     per_pos = m.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])
     acc = m.get("vllm:spec_decode_num_accepted_tokens", 0)
@@ -971,6 +1031,7 @@ def acceptance(model_dir: Path | str = DEFAULT_OUT, prompts: Sequence[str] | Non
         "accepted_per_pos": per_pos,
         "acceptance_rate_per_pos": [a / drafts if drafts else None for a in per_pos],
         "mean_acceptance_length": 1 + acc / drafts if drafts else None,
+        "torch_predicted": predicted,
         "outputs": [o["token_ids"] for o in res["outputs"]],
         "prompt_token_ids": [o["prompt_token_ids"] for o in res["outputs"]],
         "generate_seconds": res["generate_seconds"],

@@ -1,0 +1,126 @@
+"""``kit bench``: start-up, time to first token, decode speed, acceptance and memory per topology.
+
+Printed tables, not timed tests: each figure is the median of ``--repeats`` fresh engines with min/max.
+Run it on an idle machine (it refuses to start while other vLLM processes run, unless ``--force``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+from .compare import load_prompts
+from .engine import run
+from .procs import leftover_vllm_processes
+from .topology import Topology
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def machine() -> str:
+    import psutil
+
+    return (f"{_cpu_name()}, {len(os.sched_getaffinity(0))} cores, "
+            f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
+
+
+def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | None = None) -> dict:
+    """One fresh engine: start time, TTFT (a 1-token request), decode tokens/s, acceptance, peak RSS."""
+    jobs = [{"kind": "generate", "prompts": prompts[:1], "max_tokens": 1},
+            {"kind": "generate", "prompts": prompts, "max_tokens": max_tokens}]
+    res = run(topo, jobs, env=env)
+    first, full = res["jobs"]
+    spec = full["spec"]
+    n = sum(len(t) for t in full["token_ids"])
+    # Target forwards: one per step; a step emits 1 + accepted tokens per request, so per request
+    # tokens/forward = n / (n - accepted) when every step drafts.
+    acc = spec["num_accepted_tokens"]
+    return {
+        "start_s": res["start_seconds"],
+        "ttft_s": first["seconds"],
+        "decode_tok_s": n / full["seconds"],
+        "mean_accept_len": spec["mean_acceptance_length"],
+        "tokens_per_target_forward": n / max(1, n - acc),
+        "peak_rss_mib": {k: round(v / 2**20) for k, v in res["peak_rss"].items()},
+    }
+
+
+def _stat(vals: list[float], fmt: str = "{:.2f}") -> str:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "-"
+    med = statistics.median(vals)
+    return f"{fmt.format(med)} ({fmt.format(min(vals))}–{fmt.format(max(vals))})"
+
+
+TOPOLOGIES = [(pp, spec) for pp in (1, 2, 4) for spec in (None, "mtp:1", "mtp:2", "mtp:3")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kit bench", description=__doc__)
+    ap.add_argument("--model", default="tiny-mimo")
+    ap.add_argument("--random", action="store_true")
+    ap.add_argument("--pp", default="1,2,4")
+    ap.add_argument("--spec", default="none,mtp:1,mtp:2,mtp:3")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--compiled", action="store_true")
+    ap.add_argument("--patch-cost", action="store_true",
+                    help="also PP=1 and PP=2 no-spec decode speed with KIT_PATCHES=none, side by side")
+    ap.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
+    args = ap.parse_args(argv)
+    others = leftover_vllm_processes()
+    if others and not args.force:
+        print("kit bench: other vLLM processes are running; timings would be wrong:\n  " + "\n  ".join(others),
+              file=sys.stderr)
+        return 2
+    prompts = load_prompts(limit=args.prompts)
+    cases = []
+    for pp in [int(x) for x in args.pp.split(",")]:
+        for spec in args.spec.split(","):
+            cases.append((f"pp{pp} {spec}", Topology(model=args.model, random_weights=args.random, pp=pp,
+                                                     spec=None if spec == "none" else spec,
+                                                     enforce_eager=not args.compiled), None))
+    if args.patch_cost:
+        for pp in (1, 2):
+            t = Topology(model=args.model, random_weights=args.random, pp=pp, enforce_eager=not args.compiled)
+            cases.append((f"pp{pp} none [patches on]", t, {"KIT_PATCHES": "all"}))
+            # Stock vLLM cannot run eager PP=2 at all (intermediate buffers): keep that one fix.
+            off = "eager_pp_intermediate_buffers" if pp > 1 and not args.compiled else "none"
+            cases.append((f"pp{pp} none [KIT_PATCHES={off}]", t, {"KIT_PATCHES": off}))
+    print(f"# kit bench — {time.strftime('%Y-%m-%d')} — {machine()}")
+    print(f"# model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
+          f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, median (min–max) of {args.repeats}\n")
+    print("| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd | peak RSS MiB (largest process) |")
+    print("|---|---|---|---|---|---|---|")
+    for label, topo, env in cases:
+        runs = []
+        for _ in range(args.repeats):
+            try:
+                runs.append(measure(topo, prompts, args.max_tokens, env=env))
+            except Exception as e:
+                print(f"| {label} | failed: {str(e).splitlines()[0][:100]} |||||| ", flush=True)
+                break
+        if not runs:
+            continue
+        rss = max((max(r["peak_rss_mib"].values(), default=0) for r in runs), default=0)
+        print(f"| {label} | {_stat([r['start_s'] for r in runs], '{:.1f}')} | {_stat([r['ttft_s'] for r in runs], '{:.3f}')} "
+              f"| {_stat([r['decode_tok_s'] for r in runs], '{:.1f}')} | {_stat([r['mean_accept_len'] for r in runs])} "
+              f"| {_stat([r['tokens_per_target_forward'] for r in runs])} | {rss} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
