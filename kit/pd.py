@@ -377,8 +377,7 @@ class PDPair:
 
     # -- counters --------------------------------------------------------------------------------
     def _metrics_text(self, srv: Server) -> str:
-        with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as r:
-            return r.read().decode()
+        return _get(srv, "/metrics").decode()
 
     def counters(self) -> dict[str, Counters]:
         return {"producer": Counters.from_text(self._metrics_text(self.producer)),
@@ -523,9 +522,22 @@ def _fill_transfer(r: PDRequest, after: dict[str, Counters], before: dict[str, C
     r.consumer_local_cache_hit_tokens = int(c.local_cache_hit)
 
 
+def _get(srv: Server, path: str, timeout: float = 30.0, attempts: int = 5) -> bytes:
+    """GET with a few retries on a dropped connection (seen right after start-up on a loaded machine)."""
+    for i in range(attempts):
+        try:
+            with urllib.request.urlopen(srv.url + path, timeout=timeout) as r:
+                return r.read()
+        except (ConnectionError, http.client.RemoteDisconnected) as e:
+            if i == attempts - 1:
+                raise PDError(f"GET {path} on {srv.name} failed {attempts} times: {e!r}") from None
+            print(f"kit.pd: GET {srv.url}{path}: {e!r}, retrying", file=sys.stderr, flush=True)
+            time.sleep(1.0)
+    raise AssertionError("unreachable")
+
+
 def _model_id(srv: Server) -> str:
-    with urllib.request.urlopen(srv.url + "/v1/models", timeout=30) as r:
-        return json.loads(r.read())["data"][0]["id"]
+    return json.loads(_get(srv, "/v1/models"))["data"][0]["id"]
 
 
 def _post_json(srv: Server, path: str, body: dict, headers: dict, timeout: float, what: str) -> dict:

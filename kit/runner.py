@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         eng = LocalEngine(topo)
         eng.start()
         result["start_seconds"] = time.monotonic() - t0
+        print(f"[kit.runner] engine started in {result['start_seconds']:.1f} s", flush=True)
         for job in req["jobs"]:
             kind = job.pop("kind")
+            print(f"[kit.runner] job {kind}", flush=True)
             if kind == "generate":
                 result["jobs"].append(eng.generate(**job).to_dict())
             elif kind == "inspect":

@@ -778,7 +778,8 @@ def mtp_predictions(model: TinyMiMo, seq: Sequence[int]) -> list[int]:
 
 
 @torch.no_grad()
-def draft_tokens(model: TinyMiMo, seq: Sequence[int], j: int, k: int, _cache: dict | None = None) -> list[int]:
+def draft_tokens(model: TinyMiMo, seq: Sequence[int], j: int, k: int, _cache: dict | None = None,
+                 return_hidden: bool = False):
     """The k MTP draft tokens vLLM proposes when ``seq[:j+1]`` is known (last known index j).
 
     Draft 1 comes from the drafter's first pass at position p=j-1 (trunk hidden h_p, token seq[j]).
@@ -804,6 +805,7 @@ def draft_tokens(model: TinyMiMo, seq: Sequence[int], j: int, k: int, _cache: di
     m_prev = _cache["m"][:, p:p + 1]
     K, V = _cache["k"][:, :, :p + 1], _cache["v"][:, :, :p + 1]
     drafts = [int(model.mtp_logits(m_prev).argmax(-1))]
+    hiddens = [m_prev]
     for s in range(1, k):
         position = torch.tensor([p + s])
         tok = torch.tensor([[drafts[-1]]])
@@ -815,8 +817,9 @@ def draft_tokens(model: TinyMiMo, seq: Sequence[int], j: int, k: int, _cache: di
         hmid = xin + attn.out(o)
         out = hmid + layer.mlp(layer.post_attention_layernorm(hmid))
         m_prev = layer.final_layernorm(out)
+        hiddens.append(m_prev)
         drafts.append(int(model.mtp_logits(m_prev).argmax(-1)))
-    return drafts
+    return (drafts, hiddens) if return_hidden else drafts
 
 
 def simulate_spec(model: TinyMiMo, prompt_ids: Sequence[int], output_ids: Sequence[int], k: int) -> dict:

@@ -86,3 +86,11 @@ def test_decode_side_rule_refuses_without_the_fix(no_leftovers):
     with pytest.raises(engine.EngineError, match="only supported on the\\s+prefill side|data parallelism"):
         engine.generate(t, _prompts()[:1], max_tokens=4, env={"KIT_PATCHES": "all,-pp_spec_schedule_gate"},
                         timeout=300)
+
+
+def test_without_aux_relay_eagle3_pp2_fails_to_start(no_leftovers):
+    # tiny-llama-swa's Eagle3 draft reads layers 1, 2, 3; at PP=2 layers 1 and 2 are on rank 0.
+    t = Topology(model="tiny-llama-swa", random_weights=True, pp=2, spec="eagle3:2")
+    with pytest.raises(engine.EngineError, match="Missing aux_hidden_states_0"):
+        engine.generate(t, _prompts()[:1], max_tokens=4,
+                        env={"KIT_PATCHES": "all,-eagle3_aux_hidden_states_over_pp"}, timeout=300)
