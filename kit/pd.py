@@ -24,6 +24,7 @@ import argparse
 import http.client
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -40,7 +41,7 @@ from typing import Any
 from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server, free_port
 from .metrics import SpecCounters
 from .models import cache_dir
-from .topology import Spec, Topology, TopologyError
+from .topology import Spec, Topology, TopologyError, omp_threads_bind
 
 DEFAULT_REQUEST_TIMEOUT = 180.0
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -251,7 +252,7 @@ class PDPair:
     def __init__(self, producer: Topology, consumer: Topology, connector: str | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  log_dir: Path | str | None = None, env: dict[str, str] | None = None, warmup: bool = True,
-                 parallel_start: bool = True):
+                 parallel_start: bool = True, split_cores: bool = True):
         if producer.info.path != consumer.info.path:
             raise TopologyError(f"producer and consumer load different models ({producer.model} vs {consumer.model})")
         for what, a, b in (("random_weights", producer.random_weights, consumer.random_weights),
@@ -273,6 +274,11 @@ class PDPair:
         self.env = dict(env or {})
         self.warmup = warmup
         self.parallel_start = parallel_start
+        # Each server's OMP threads on its own half of the cores: both engines keep stepping while a transfer
+        # is pending, and OMP threads of two engines bound to the same cores slow decoding many times over.
+        self.split_cores = split_cores
+        self.server_env: dict[str, dict[str, str]] = {}
+        self._ports: set[int] = set()
         self.producer: Server | None = None
         self.consumer: Server | None = None
         self.side_channel_ports: dict[str, int] = {}
@@ -280,6 +286,9 @@ class PDPair:
         self.block_size: int | None = None
         self.model_name: dict[str, str] = {}
         self.warmup_record: PDRequest | None = None
+        self.warmup_errors: list[str] = []
+        self._release = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> "PDPair":
@@ -289,16 +298,25 @@ class PDPair:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _make_server(self, role: str, topo: Topology) -> Server:
+    def _free_port(self) -> int:
         port = free_port()
-        while port in self.side_channel_ports.values():
+        while port in self._ports:
             port = free_port()
+        self._ports.add(port)
+        return port
+
+    def _make_server(self, role: str, topo: Topology) -> Server:
+        port = self._free_port()
         self.side_channel_ports[role] = port
         env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}
+        if self.split_cores and topo.device == "cpu":
+            cores = sorted(os.sched_getaffinity(0))
+            half = max(1, len(cores) // 2)
+            mine = cores[:half] if role == "producer" else (cores[half:] or cores[:half])
+            env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(topo.pp * topo.tp, mine)
         env.update(self.env)
-        http_port = free_port()
-        while http_port in self.side_channel_ports.values():
-            http_port = free_port()
+        self.server_env[role] = env
+        http_port = self._free_port()
         return Server(_server_only(topo), port=http_port, env=env, log_path=self.log_dir / f"{role}.log", name=role)
 
     def start(self) -> "PDPair":
@@ -309,8 +327,9 @@ class PDPair:
         servers = {"producer": self.producer, "consumer": self.consumer}
         errors: dict[str, BaseException] = {}
         stopped_by_us: set[str] = set()
+        booted = {r: threading.Event() for r in servers}
 
-        def boot(role: str) -> None:
+        def boot(role: str, hold: bool) -> None:
             t0 = time.monotonic()
             try:
                 servers[role].start(timeout=self.start_timeout)
@@ -323,17 +342,25 @@ class PDPair:
                     # Make the other start fail fast instead of waiting for its deadline.
                     stopped_by_us.add(other_role)
                     other.proc.terminate(grace=2.0)
+            finally:
+                booted[role].set()
+            # kit.procs starts each server with PR_SET_PDEATHSIG, which the kernel fires when the *thread*
+            # that forked the child exits: the thread that started a server must live until it is stopped.
+            if hold and role not in errors:
+                self._release.wait()
 
         try:
             if self.parallel_start:
-                threads = [threading.Thread(target=boot, args=(r,), name=f"pd-start-{r}") for r in servers]
-                for th in threads:
+                self._release.clear()
+                self._threads = [threading.Thread(target=boot, args=(r, True), name=f"pd-server-{r}", daemon=True)
+                                 for r in servers]
+                for th in self._threads:
                     th.start()
-                for th in threads:
-                    th.join()
+                for ev in booted.values():
+                    ev.wait()
             else:
                 for r in servers:
-                    boot(r)
+                    boot(r, False)
                     if errors:
                         break
             if errors:
@@ -346,9 +373,16 @@ class PDPair:
             if self.warmup:
                 # One PD round trip: establishes the NIXL handshake (and the consumer's first decode-only
                 # forward) outside the measured requests.
-                self.warmup_record = self.complete(WARMUP_PROMPT, max_tokens=2, index=-1)
+                # The handshake has a fixed 5 s receive timeout (nixl/base_worker.py); on a loaded machine it
+                # can miss it once, so the warm-up (and only the warm-up) is tried up to 3 times.
+                self.warmup_errors = []
+                for _ in range(3):
+                    self.warmup_record = self.complete(WARMUP_PROMPT, max_tokens=2, index=-1)
+                    if not self.warmup_record.error:
+                        break
+                    self.warmup_errors.append(self.warmup_record.error)
                 if self.warmup_record.error:
-                    raise PDError(f"warm-up request failed: {self.warmup_record.error}"
+                    raise PDError(f"warm-up request failed 3 times: {self.warmup_errors}"
                                   f"\n  logs: {self.log_dir}")
         except BaseException:
             self.stop()
@@ -362,6 +396,11 @@ class PDPair:
                     srv.stop()
                 except Exception:
                     pass
+        # Only now let the threads that started the servers end (see ``boot``).
+        self._release.set()
+        for th in self._threads:
+            th.join(timeout=10)
+        self._threads = []
 
     def describe(self) -> dict:
         return {"connector": self.connector, "connector_class": self.producer_topology.kv_transfer_config()["kv_connector"],
@@ -372,6 +411,7 @@ class PDPair:
                 "producer_url": self.producer.url if self.producer else None,
                 "consumer_url": self.consumer.url if self.consumer else None,
                 "side_channel_ports": dict(self.side_channel_ports), "start_seconds": dict(self.start_seconds),
+                "omp_threads_bind": {r: e.get("VLLM_CPU_OMP_THREADS_BIND") for r, e in self.server_env.items()},
                 "block_size": self.block_size, "logs": {"producer": str(self.log_dir / "producer.log"),
                                                         "consumer": str(self.log_dir / "consumer.log")}}
 

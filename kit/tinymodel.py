@@ -103,18 +103,21 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     seed: int = 0
-    steps: int = 300
-    batch_size: int = 16
+    steps: int = 700
+    batch_size: int = 8
     seq_len: int = 256
     lr: float = 3e-3
     min_lr_ratio: float = 0.05
-    warmup_steps: int = 30
+    warmup_steps: int = 50
     weight_decay: float = 0.05
     grad_clip: float = 1.0
     mtp_weight: float = 1.0
     chain_weight: float = 0.5
     doc_start_fraction: float = 0.25
-    threads: int = 2
+    # One intra-op thread: on this 2-core machine, shared with other CPU-heavy processes (vLLM runs),
+    # 2 OpenMP threads were measured 3-5x SLOWER per step than 1 (oversubscribed OpenMP barriers).
+    # The thread count can change float summation order, so it is part of the reproducible recipe.
+    threads: int = 1
     log_every: int = 10
     max_corpus_files: int | None = None
     eval_batches: int = 8
@@ -701,6 +704,7 @@ def train(tc: TrainConfig, out: Path, command: str | None = None, log=print) -> 
     manifest = {
         "name": out.name,
         "command": command,
+        "argv": sys.argv,
         "seed": tc.seed,
         "steps": tc.steps,
         "train_config": {k: v for k, v in asdict(tc).items() if k != "model"},
@@ -859,8 +863,12 @@ def read_prompts(path: Path | str) -> list[str]:
     return [json.loads(line)["prompt"] for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def vllm_env(extra: dict | None = None) -> dict:
+def vllm_env(extra: dict | None = None, stock: bool = True) -> dict:
+    """Environment for a vLLM child. ``stock=True`` loads no vLLM plugins (``VLLM_PLUGINS=""``),
+    so the kit's own patches are not applied: the tiny model is checked against stock vLLM."""
     env = dict(os.environ)
+    if stock:
+        env["VLLM_PLUGINS"] = ""
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -900,7 +908,7 @@ def run_vllm_job(job: dict, timeout: float = 900, lock: str | None = None, log_p
         logf = open(log_path or Path(td) / "vllm.log", "w")
         cmd = [sys.executable, "-m", "kit.tinymodel", "_vllm-job", str(jf), str(rf)]
         with _file_lock(lock):
-            proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=vllm_env(job.get("env")),
+            proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=vllm_env(job.get("env"), job.get("stock", True)),
                                     stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 rc = proc.wait(timeout=timeout)
@@ -933,6 +941,8 @@ def _metric_values(llm) -> dict:
 
 
 def _vllm_job_main(job_file: str, result_file: str) -> None:
+    """Child process: one engine, one or more prompt sets (``job["sets"]``: name -> prompts);
+    spec-decode counters are reported per set as differences of the cumulative counters."""
     job = json.loads(Path(job_file).read_text())
     from vllm import LLM, SamplingParams
 
@@ -943,20 +953,35 @@ def _vllm_job_main(job_file: str, result_file: str) -> None:
     kwargs.update(job.get("llm_kwargs") or {})
     t0 = time.time()
     llm = LLM(**kwargs)
-    t_start = time.time() - t0
+    res: dict[str, Any] = {"start_seconds": time.time() - t0, "sets": {}}
     sp = SamplingParams(temperature=0, max_tokens=int(job["max_tokens"]), logprobs=job.get("logprobs"))
-    t0 = time.time()
-    outs = llm.generate(job["prompts"], sp, use_tqdm=False)
-    t_gen = time.time() - t0
-    res = {"start_seconds": t_start, "generate_seconds": t_gen, "outputs": []}
-    for o in outs:
-        c = o.outputs[0]
-        item = {"prompt": o.prompt, "prompt_token_ids": list(o.prompt_token_ids), "token_ids": list(c.token_ids),
-                "text": c.text, "finish_reason": c.finish_reason}
-        if c.logprobs:
-            item["logprobs"] = [{str(k): v.logprob for k, v in d.items()} for d in c.logprobs]
-        res["outputs"].append(item)
-    res["metrics"] = _metric_values(llm)
+    sets = job.get("sets") or {"prompts": job["prompts"]}
+    before = _metric_values(llm)
+    for name, prompts in sets.items():
+        t0 = time.time()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        item_set: dict[str, Any] = {"generate_seconds": time.time() - t0, "outputs": []}
+        for o in outs:
+            c = o.outputs[0]
+            item = {"prompt": o.prompt, "prompt_token_ids": list(o.prompt_token_ids),
+                    "token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason}
+            if c.logprobs:
+                item["logprobs"] = [{str(k): v.logprob for k, v in d.items()} for d in c.logprobs]
+            item_set["outputs"].append(item)
+        after = _metric_values(llm)
+        delta = {}
+        for key, v in after.items():
+            b = before.get(key)
+            if isinstance(v, list):
+                b = b or [0] * len(v)
+                delta[key] = [x - y for x, y in zip(v, b)]
+            else:
+                delta[key] = v - (b or 0)
+        item_set["metrics"] = delta
+        before = after
+        res["sets"][name] = item_set
+    if "prompts" in res["sets"] and len(res["sets"]) == 1:  # single-set shape used by parity_check
+        res.update(res["sets"]["prompts"])
     Path(result_file).write_text(json.dumps(res))
     del llm
 
@@ -1006,28 +1031,21 @@ def parity_check(model_dir: Path | str = DEFAULT_OUT, prompts: Sequence[str] | N
             "max_abs_logprob_diff": max_lp_diff, "vllm_start_seconds": res["start_seconds"], "prompts": per}
 
 
-def acceptance(model_dir: Path | str = DEFAULT_OUT, prompts: Sequence[str] | None = None, k: int = 1,
-               max_tokens: int = 64, timeout: float = 900, lock: str | None = None,
-               llm_kwargs: dict | None = None, env: dict | None = None) -> dict:
-    """vLLM MTP run (greedy); spec-decode counters, per-position acceptance, mean acceptance length."""
-    model_dir = Path(model_dir).resolve()
-    if prompts is None:
-        prompts = read_prompts(PROMPTS_DIR / "default.jsonl")
-    job = {"model": str(model_dir), "prompts": list(prompts), "max_tokens": max_tokens, "k": k,
-           "llm_kwargs": llm_kwargs, "env": env}
-    res = run_vllm_job(job, timeout=timeout, lock=lock)
-    m = res["metrics"]
-    # What the PyTorch MTP head predicts for the same greedy outputs (checks the drafter's math).
-    model = load_model(model_dir)
-    sims = [simulate_spec(model, o["prompt_token_ids"], o["token_ids"], k) for o in res["outputs"]]
-    predicted = {"drafts": sum(x["drafts"] for x in sims), "draft_tokens": sum(x["draft_tokens"] for x in sims),
-                 "accepted": sum(x["accepted"] for x in sims),
-                 "accepted_per_pos": [sum(x["accepted_per_pos"][i] for x in sims) for i in range(k)]}
+def _summarise(k: int, m: dict, outputs: list[dict], model: TinyMiMo, max_tokens: int) -> dict:
     drafts = m.get("vllm:spec_decode_num_drafts", 0)
     per_pos = m.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])
     acc = m.get("vllm:spec_decode_num_accepted_tokens", 0)
+    # What the PyTorch MTP head predicts for the same greedy outputs (checks the drafter's math),
+    # and whether the speculative output equals the PyTorch greedy output (spec must not change it).
+    sims = [simulate_spec(model, o["prompt_token_ids"], o["token_ids"], k) for o in outputs]
+    predicted = {"drafts": sum(x["drafts"] for x in sims), "draft_tokens": sum(x["draft_tokens"] for x in sims),
+                 "accepted": sum(x["accepted"] for x in sims),
+                 "accepted_per_pos": [sum(x["accepted_per_pos"][i] for x in sims) for i in range(k)]}
+    same = sum(greedy_generate(model, o["prompt_token_ids"], max_tokens)["tokens"] == o["token_ids"] for o in outputs)
     return {
         "k": k,
+        "n_prompts": len(outputs),
+        "output_tokens": sum(len(o["token_ids"]) for o in outputs),
         "drafts": drafts,
         "draft_tokens": m.get("vllm:spec_decode_num_draft_tokens", 0),
         "accepted_tokens": acc,
@@ -1035,11 +1053,38 @@ def acceptance(model_dir: Path | str = DEFAULT_OUT, prompts: Sequence[str] | Non
         "acceptance_rate_per_pos": [a / drafts if drafts else None for a in per_pos],
         "mean_acceptance_length": 1 + acc / drafts if drafts else None,
         "torch_predicted": predicted,
-        "outputs": [o["token_ids"] for o in res["outputs"]],
-        "prompt_token_ids": [o["prompt_token_ids"] for o in res["outputs"]],
-        "generate_seconds": res["generate_seconds"],
-        "start_seconds": res["start_seconds"],
+        "torch_predicted_matches": (predicted["drafts"] == drafts and predicted["accepted"] == acc
+                                    and predicted["accepted_per_pos"] == list(per_pos)),
+        "outputs_equal_torch_greedy": f"{same}/{len(outputs)}",
+        "outputs": [o["token_ids"] for o in outputs],
     }
+
+
+def acceptance_sets(model_dir: Path | str, sets: dict[str, Sequence[str]], k: int, max_tokens: int = 64,
+                    timeout: float = 900, lock: str | None = None, llm_kwargs: dict | None = None,
+                    env: dict | None = None) -> dict:
+    """One vLLM engine with MTP k (greedy, float32, eager, PP=1) over several prompt sets;
+    per set: counters, per-position acceptance, mean acceptance length (1 + accepted/drafts)."""
+    model_dir = Path(model_dir).resolve()
+    job = {"model": str(model_dir), "sets": {n: list(p) for n, p in sets.items()}, "max_tokens": max_tokens,
+           "k": k, "llm_kwargs": llm_kwargs, "env": env}
+    res = run_vllm_job(job, timeout=timeout, lock=lock)
+    model = load_model(model_dir)
+    out = {"k": k, "start_seconds": res["start_seconds"], "sets": {}}
+    for name, r in res["sets"].items():
+        out["sets"][name] = {**_summarise(k, r["metrics"], r["outputs"], model, max_tokens),
+                             "generate_seconds": r["generate_seconds"]}
+    return out
+
+
+def acceptance(model_dir: Path | str = DEFAULT_OUT, prompts: Sequence[str] | None = None, k: int = 1,
+               max_tokens: int = 64, timeout: float = 900, lock: str | None = None,
+               llm_kwargs: dict | None = None, env: dict | None = None) -> dict:
+    """:func:`acceptance_sets` for one prompt list (default: data/prompts/default.jsonl)."""
+    if prompts is None:
+        prompts = read_prompts(PROMPTS_DIR / "default.jsonl")
+    r = acceptance_sets(model_dir, {"prompts": prompts}, k, max_tokens, timeout, lock, llm_kwargs, env)
+    return {**r["sets"]["prompts"], "start_seconds": r["start_seconds"]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1054,7 +1099,8 @@ def _train_main(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="few-step smoke run on a small corpus (tests)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=TrainConfig.threads,
+                    help="torch intra-op threads (default 1; part of the reproducible recipe)")
     args = ap.parse_args(argv)
     tc = quick_config(args.seed) if args.quick else TrainConfig(seed=args.seed)
     if args.steps is not None:
@@ -1077,7 +1123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("parity", "acceptance"):
         ap = argparse.ArgumentParser(prog=f"kit.tinymodel {argv[0]}")
         ap.add_argument("--model", default=str(DEFAULT_OUT))
-        ap.add_argument("--prompts", default=str(PROMPTS_DIR / "default.jsonl"))
+        ap.add_argument("--prompts", nargs="+", default=[str(PROMPTS_DIR / "default.jsonl")],
+                        help="prompt files (JSONL, one {\"prompt\": ...} a line); acceptance runs each as a set")
         ap.add_argument("--n", type=int, default=None, help="use the first N prompts")
         ap.add_argument("--max-tokens", type=int, default=None)
         ap.add_argument("--k", type=int, nargs="+", default=[1])
@@ -1085,16 +1132,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.add_argument("--lock", default=None, help="flock this file around each vLLM run")
         ap.add_argument("--json", default=None, help="also write the result here")
         args = ap.parse_args(argv[1:])
-        prompts = read_prompts(args.prompts)
-        if args.n:
-            prompts = prompts[: args.n]
+        sets = {Path(f).stem: read_prompts(f)[: args.n] if args.n else read_prompts(f) for f in args.prompts}
         if argv[0] == "parity":
+            prompts = [p for ps in sets.values() for p in ps]
             res = parity_check(args.model, prompts, args.max_tokens or 32, timeout=args.timeout, lock=args.lock)
             rc = 0 if res["ok"] else 1
         else:
-            res = {"prompts_file": args.prompts, "runs": []}
+            res = {"prompt_files": args.prompts, "runs": []}
             for k in args.k:
-                r = acceptance(args.model, prompts, k, args.max_tokens or 64, timeout=args.timeout, lock=args.lock)
+                r = acceptance_sets(args.model, sets, k, args.max_tokens or 64, timeout=args.timeout, lock=args.lock)
                 res["runs"].append(r)
             rc = 0
         text = json.dumps(res, indent=2)

@@ -105,8 +105,8 @@ def _deepseek_v3() -> dict:
         norm_topk_prob=True,
         routed_scaling_factor=1.0,
         num_nextn_predict_layers=1,
-        # bf16: vLLM 0.32 CPU picks AMX_MLA whenever AMX is present, and AMX_MLA is bf16-only.
-        torch_dtype="bfloat16",
+        # float32 runs on the reference CPU_MLA backend (used on hosts without AMX). On AMX hosts
+        # vLLM 0.32 picks AMX_MLA (bf16 only) for any dtype unless the CPU_MLA backend is requested.
     )
     return c
 

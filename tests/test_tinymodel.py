@@ -132,7 +132,7 @@ def test_mtp_k1_acceptance_on_default_prompts(tmp_path):
                         "--k", "1", "--max-tokens", "64", "--json", str(out)],
                        cwd=REPO, timeout=1200, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
-    run = json.loads(out.read_text())["runs"][0]
+    run = json.loads(out.read_text())["runs"][0]["sets"]["default"]
     assert run["drafts"] > 0
     assert run["acceptance_rate_per_pos"][0] >= 0.5, run
 

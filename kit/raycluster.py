@@ -1,0 +1,309 @@
+"""A local Ray cluster of several nodes on loopback, for vLLM's Ray executor (``backend="ray"``).
+
+:class:`LocalRayCluster` starts a head node and ``num_nodes - 1`` further nodes on this machine, each a
+separate ``ray start --block`` process tree in its own session (:class:`~kit.procs.ManagedProcess`), all on
+127.0.0.1 with their own ports, a per-node custom resource ``kit_node_<i>`` and per-node environment
+(e.g. ``VLLM_CPU_OMP_THREADS_BIND``). Or it attaches to an existing cluster (``address=`` or
+``RAY_ADDRESS``) and then starts and stops nothing.
+
+Teardown ends ONLY what it started: the ``ray start`` trees (gcs_server, raylet, plasma store, dashboard,
+agents, log monitor, Ray workers), found as descendants of those processes, members of their process
+groups, or processes whose command line names this cluster's temp dir. It does not call ``ray stop``:
+that command finds Ray processes by name on the whole machine and would end other users' clusters too.
+
+Ray is an optional dependency (``pip install "ray[default]==2.60.0"``); importing this module does not
+need it, starting a cluster does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from .procs import ManagedProcess
+
+LOOPBACK = "127.0.0.1"
+# Node i listens on 127.0.0.(2+i): Ray rewrites "127.0.0.1"/"localhost" given as a node or bootstrap address
+# to the machine's outward interface address (ray._private.services.resolve_ip_for_localhost), other
+# 127.0.0.0/8 addresses are kept. Distinct addresses also make the nodes look like two hosts to vLLM.
+def node_ip(i: int) -> str:
+    return f"127.0.0.{2 + i}"
+
+# Object store per node: small, the kit's tensors are tiny (Ray's default is 30% of RAM per node).
+DEFAULT_OBJECT_STORE_BYTES = 256 * 1024 * 1024
+
+
+class RayClusterError(RuntimeError):
+    """The local Ray cluster did not come up (or Ray is not installed)."""
+
+
+def ray_available() -> bool:
+    try:
+        import ray  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _ray_cli() -> str:
+    exe = Path(sys.executable).with_name("ray")
+    if exe.exists():
+        return str(exe)
+    found = shutil.which("ray")
+    if not found:
+        raise RayClusterError("the `ray` command is not installed: pip install \"ray[default]==2.60.0\"")
+    return found
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((LOOPBACK, 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+@dataclass
+class RayNode:
+    index: int
+    ip: str
+    resource: str
+    env: dict[str, str]
+    proc: ManagedProcess | None = None
+    log_path: Path | None = None
+    node_id: str | None = None
+
+
+@dataclass
+class LocalRayCluster:
+    """``with LocalRayCluster(num_nodes=2, cpus_per_node=1) as c: ... c.address ...``
+
+    ``node_env(i)`` returns extra environment for node ``i`` (Ray workers inherit their raylet's
+    environment, and vLLM's RayExecutorV2 does not overwrite node-local variables with the driver's).
+    ``address`` (or ``RAY_ADDRESS`` when ``attach_env=True``) attaches to a running cluster instead.
+    """
+
+    num_nodes: int = 2
+    cpus_per_node: int = 1
+    address: str | None = None
+    attach_env: bool = True
+    node_env: "callable | None" = None
+    object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES
+    start_timeout: float = 120.0
+    temp_dir: str | None = None
+    keep_logs: bool = True
+    nodes: list[RayNode] = field(default_factory=list)
+    started: bool = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def __enter__(self) -> "LocalRayCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "LocalRayCluster":
+        if self.address is None and self.attach_env and os.environ.get("RAY_ADDRESS"):
+            self.address = os.environ["RAY_ADDRESS"]
+        if self.address is not None:  # attach: start nothing, stop nothing
+            self._wait_nodes(expected=None)
+            return self
+        if self.num_nodes < 1 or self.cpus_per_node < 1:
+            raise RayClusterError("num_nodes and cpus_per_node must be >= 1")
+        ray = _ray_cli()
+        # Ray puts Unix sockets under the temp dir: keep the path short (< 108 bytes for AF_UNIX).
+        self.temp_dir = self.temp_dir or tempfile.mkdtemp(prefix="kitray-", dir="/tmp")
+        self.started = True
+        try:
+            gcs_port = _free_ports(1)[0]
+            self.address = f"{node_ip(0)}:{gcs_port}"
+            for i in range(self.num_nodes):
+                self._start_node(ray, i, gcs_port)
+                if i == 0:
+                    self._wait_gcs()
+            self._wait_nodes(expected=self.num_nodes)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_node(self, ray: str, i: int, gcs_port: int) -> None:
+        resource = f"kit_node_{i}"
+        (agent_http, agent_grpc, rt_env, metrics, nm_port, om_port, dash, client,
+         wmin) = _free_ports(9)
+        cmd = [ray, "start", "--block", "--disable-usage-stats",
+               "--node-ip-address", node_ip(i), "--num-cpus", str(self.cpus_per_node), "--num-gpus", "0",
+               "--resources", json.dumps({resource: 1}), "--labels", f"kit-node={i}",
+               "--temp-dir", str(self.temp_dir),
+               "--object-store-memory", str(self.object_store_bytes),
+               "--dashboard-agent-listen-port", str(agent_http),
+               "--dashboard-agent-grpc-port", str(agent_grpc),
+               "--runtime-env-agent-port", str(rt_env),
+               "--metrics-export-port", str(metrics),
+               "--node-manager-port", str(nm_port),
+               "--object-manager-port", str(om_port)]
+        if i == 0:
+            cmd += ["--head", "--port", str(gcs_port), "--include-dashboard", "false",
+                    "--dashboard-port", str(dash), "--ray-client-server-port", str(client)]
+        else:
+            cmd += ["--address", f"{node_ip(0)}:{gcs_port}"]
+        env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"}
+        extra = dict(self.node_env(i)) if self.node_env else {}
+        env.update(extra)
+        log_path = Path(self.temp_dir) / f"kit-node{i}.log"
+        proc = ManagedProcess(cmd, env=env, log_path=log_path, name=f"ray node {i}")
+        self.nodes.append(RayNode(index=i, ip=node_ip(i), resource=resource, env=extra, proc=proc, log_path=log_path))
+
+    def _wait_gcs(self) -> None:
+        import socket
+
+        host, port = self.address.rsplit(":", 1)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                with socket.create_connection((host, int(port)), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RayClusterError(f"Ray head's GCS not listening on {self.address} after {self.start_timeout:.0f} s"
+                              + self._log_tail())
+
+    def _check_alive(self) -> None:
+        for n in self.nodes:
+            if n.proc is not None and not n.proc.alive():
+                raise RayClusterError(f"ray node {n.index} exited with code {n.proc.popen.returncode}"
+                                      + self._log_tail())
+
+    def _log_tail(self, lines: int = 15) -> str:
+        out = []
+        for n in self.nodes:
+            if n.log_path and n.log_path.exists():
+                tail = n.log_path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"\n  --- {n.log_path} ---\n    " + "\n    ".join(tail))
+        return "".join(out)
+
+    def node_table(self) -> list[dict]:
+        """Live nodes as the GCS sees them (``ray list nodes`` without the dashboard), via a short-lived
+        subprocess so this process never becomes a Ray driver."""
+        code = ("import json, ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False);"
+                "print('KITNODES' + json.dumps([{'node_id': n['NodeID'], 'alive': n['Alive'], "
+                "'ip': n['NodeManagerAddress'], 'resources': n['Resources'], 'labels': n.get('Labels', {})} "
+                "for n in ray.nodes()]))" % self.address)
+        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+        env.pop("RAY_ADDRESS", None)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+        for line in r.stdout.splitlines():
+            if line.startswith("KITNODES"):
+                return json.loads(line[len("KITNODES"):])
+        raise RayClusterError(f"could not list Ray nodes at {self.address}: {r.stderr[-2000:]}")
+
+    def _wait_nodes(self, expected: int | None) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        last: list[dict] = []
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                last = [n for n in self.node_table() if n["alive"]]
+            except (RayClusterError, subprocess.TimeoutExpired):
+                last = []
+            if expected is None and last:
+                return
+            if expected is not None and len(last) >= expected:
+                by_res = {r: n["node_id"] for n in last for r in n["resources"] if r.startswith("kit_node_")}
+                for node in self.nodes:
+                    node.node_id = by_res.get(node.resource)
+                return
+            time.sleep(1.0)
+        raise RayClusterError(f"expected {expected} live Ray nodes at {self.address}, saw {len(last)} after "
+                              f"{self.start_timeout:.0f} s" + self._log_tail())
+
+    # -- teardown -------------------------------------------------------------------------------
+    def _ours(self) -> list[psutil.Process]:
+        """Every live process of the nodes this object started."""
+        found: dict[int, psutil.Process] = {}
+        for n in self.nodes:
+            if n.proc is not None:
+                for p in n.proc.tree():
+                    found[p.pid] = p
+        if self.temp_dir:
+            for p in psutil.process_iter(["pid", "cmdline"]):
+                try:
+                    if self.temp_dir in " ".join(p.info["cmdline"] or []):
+                        found[p.pid] = p
+                except psutil.Error:
+                    continue
+        # Ray workers are children of raylets; include descendants of everything found.
+        for p in list(found.values()):
+            try:
+                for c in p.children(recursive=True):
+                    found[c.pid] = c
+            except psutil.Error:
+                pass
+        found.pop(os.getpid(), None)
+        return list(found.values())
+
+    def stop(self, grace: float = 10.0) -> list[str]:
+        """End the nodes this object started (nothing when attached). Returns what had to be SIGKILLed."""
+        if not self.started:
+            return []
+        procs = self._ours()
+        # Worker nodes first, then the head: SIGTERM to each `ray start --block` lets it stop its children.
+        for n in reversed(self.nodes):
+            if n.proc is not None and n.proc.alive():
+                try:
+                    n.proc.popen.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        procs_left = {p.pid: p for p in alive}
+        for p in self._ours():
+            procs_left.setdefault(p.pid, p)
+        killed = []
+        for p in procs_left.values():
+            try:
+                killed.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(list(procs_left.values()), timeout=5)
+        for n in self.nodes:
+            if n.proc is not None:
+                n.proc.terminate(grace=2.0)
+        self.started = False
+        if not self.keep_logs and self.temp_dir:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        return killed
+
+    def leftovers(self) -> list[str]:
+        """Processes of this cluster still alive (empty after :meth:`stop`)."""
+        out = []
+        for p in self._ours():
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            except psutil.Error:
+                continue
+        return out
+
+    # -- for vLLM -------------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        """Environment for the vLLM engine process that should use this cluster as its Ray driver."""
+        return {"RAY_ADDRESS": self.address or "", "RAY_USAGE_STATS_ENABLED": "0"}

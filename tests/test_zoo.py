@@ -1,0 +1,111 @@
+"""The tiny-model zoo under data/models/ matches what kit/zoo.py generates (no vLLM engine)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kit import zoo
+from kit.models import MODELS_DIR, resolve_model
+
+
+@pytest.fixture(scope="module", params=zoo.ZOO)
+def name(request):
+    return request.param
+
+
+def _read_json(path):
+    return json.loads(path.read_text())
+
+
+def test_zoo_dir_has_files(name):
+    d = MODELS_DIR / name
+    assert d.is_dir(), f"{d} missing: run python -m kit.zoo"
+    for f in ("config.json", "generation_config.json", "weights.json", *zoo.TOKENIZER_FILES):
+        assert (d / f).is_file(), f"{d / f} missing"
+    assert not (d / "model.safetensors").exists(), "zoo models ship no weights (random_checkpoint writes them)"
+
+
+def test_zoo_files_match_generator(name):
+    d = MODELS_DIR / name
+    for fname, text in zoo.model_files(name).items():
+        assert _read_json(d / fname) == json.loads(text), f"{d / fname} differs from kit/zoo.py: run python -m kit.zoo"
+
+
+def test_weights_manifest_matches_generator(name):
+    d = MODELS_DIR / name
+    on_disk = _read_json(d / "weights.json")
+    assert on_disk == zoo.weights_manifest(_read_json(d / "config.json"))
+    assert on_disk == zoo.weights_manifest(zoo.config(name))
+    for tname, shape in on_disk["tensors"].items():
+        assert shape and all(isinstance(x, int) and x > 0 for x in shape), (tname, shape)
+
+
+def test_mtp_layer_in_manifest(name):
+    cfg = zoo.config(name)
+    n_mtp = cfg.get("num_nextn_predict_layers", 0)
+    tensors = zoo.weights_manifest(cfg)["tensors"]
+    n = cfg["num_hidden_layers"]
+    layers = {int(k.split(".")[2]) for k in tensors if k.startswith("model.layers.")}
+    if cfg["architectures"][0].endswith("Eagle3"):
+        assert any(k.startswith("midlayer.") for k in tensors) and "fc.weight" in tensors
+        return
+    assert layers == set(range(n + n_mtp))
+    for i in range(n, n + n_mtp):
+        for part in ("enorm", "hnorm", "eh_proj", "shared_head.norm", "shared_head.head"):
+            assert f"model.layers.{i}.{part}.weight" in tensors
+    assert resolve_model(MODELS_DIR / name).num_mtp_layers == n_mtp
+
+
+def test_tokenizer_loads_and_fits_vocab(name):
+    from tokenizers import Tokenizer
+
+    d = MODELS_DIR / name
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    cfg = _read_json(d / "config.json")
+    assert tok.get_vocab_size() <= cfg["vocab_size"]
+    assert tok.token_to_id(zoo.EOS_TOKEN) == cfg["eos_token_id"]
+    text = "def f(x):\n    return x + 1\n"
+    assert tok.decode(tok.encode(text).ids) == text
+
+
+def test_tokenizer_same_everywhere():
+    ref = {f: (MODELS_DIR / zoo.ZOO[0] / f).read_bytes() for f in zoo.TOKENIZER_FILES}
+    for name in zoo.ZOO[1:]:
+        for f, data in ref.items():
+            assert (MODELS_DIR / name / f).read_bytes() == data, f"{name}/{f} differs from {zoo.ZOO[0]}/{f}"
+
+
+def test_auto_tokenizer_loads():
+    transformers = pytest.importorskip("transformers")
+    tok = transformers.AutoTokenizer.from_pretrained(str(MODELS_DIR / zoo.ZOO[0]))
+    assert len(tok) == zoo.VOCAB_SIZE
+    assert tok.eos_token_id == 0 and tok.pad_token_id == 1
+
+
+def test_eagle3_draft_named_in_kit_json():
+    info = resolve_model("tiny-llama-swa")
+    draft = info.draft_model
+    assert draft is not None and draft == (MODELS_DIR / "tiny-llama-swa-eagle3").resolve()
+    dinfo = resolve_model(draft)
+    assert dinfo.is_eagle3_draft
+    dc, tc = dinfo.config, info.config
+    assert dc["target_hidden_size"] == tc["hidden_size"]
+    assert dc["draft_vocab_size"] == tc["vocab_size"]
+    ids = dc["eagle_aux_hidden_state_layer_ids"]
+    assert ids == dc["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert all(0 <= i < tc["num_hidden_layers"] for i in ids)
+    # vLLM indexes the draft's layer_types draft-relatively (layer index - target layer count).
+    assert len(dc["layer_types"]) == dc["num_hidden_layers"]
+    assert len(tc["layer_types"]) == tc["num_hidden_layers"]
+    assert {"sliding_attention", "full_attention"} == set(tc["layer_types"])
+
+
+def test_random_checkpoint_from_manifest(tmp_path, monkeypatch):
+    """random_checkpoint writes exactly the manifest's tensors (small model only, to stay fast)."""
+    from kit.models import random_checkpoint, weights_manifest_from_safetensors
+
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    info = resolve_model("tiny-llama-swa-eagle3")
+    out = random_checkpoint(info, seed=1)
+    assert weights_manifest_from_safetensors(out / "model.safetensors") == _read_json(info.path / "weights.json")
