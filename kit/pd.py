@@ -287,6 +287,7 @@ class PDPair:
         self.model_name: dict[str, str] = {}
         self.warmup_record: PDRequest | None = None
         self.warmup_errors: list[str] = []
+        self.fatal: dict[str, list[str]] = {}
         self._release = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -356,8 +357,17 @@ class PDPair:
                                  for r in servers]
                 for th in self._threads:
                     th.start()
-                for ev in booted.values():
-                    ev.wait()
+                # Stock vLLM can hang after a worker fails during start-up (the front end waits in zmq
+                # teardown until the deadline): watch the logs and end such a server at once.
+                while not all(ev.is_set() for ev in booted.values()):
+                    for role, srv in servers.items():
+                        if booted[role].is_set() or srv.proc is None or role in self.fatal:
+                            continue
+                        lines = fatal_log_lines(self.log_dir / f"{role}.log")
+                        if lines:
+                            self.fatal[role] = lines
+                            srv.proc.terminate(grace=2.0)
+                    time.sleep(1.0)
             else:
                 for r in servers:
                     boot(r, False)
@@ -365,8 +375,13 @@ class PDPair:
                         break
             if errors:
                 own = {r: e for r, e in errors.items() if r not in stopped_by_us} or errors
-                raise EngineError("; ".join(f"{r} failed to start: {e}" for r, e in own.items())
-                                  + f"\n  logs: {self.log_dir}")
+                parts = []
+                for r, e in own.items():
+                    if r in self.fatal:
+                        parts.append(f"{r} failed to start:\n    " + "\n    ".join(self.fatal[r]))
+                    else:
+                        parts.append(f"{r} failed to start: {e}")
+                raise EngineError("; ".join(parts) + f"\n  logs: {self.log_dir}")
             for role, srv in servers.items():
                 self.model_name[role] = _model_id(srv)
             self.block_size = block_size_from_metrics(self._metrics_text(self.producer)) or 0
@@ -550,6 +565,33 @@ class PDPair:
             return []
         rx = re.compile(pattern)
         return [l for l in path.read_text(errors="replace").splitlines() if rx.search(l)][-limit:]
+
+
+_FATAL = re.compile(r"EngineCore failed to start|WorkerProc hit an exception|Engine core initialization failed")
+
+
+def fatal_log_lines(path: Path, max_lines: int = 8) -> list[str]:
+    """If a vLLM log shows a start-up failure, the lines that say why: the innermost frame, its code, the exception."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    if not _FATAL.search(text):
+        return []
+    bodies = []
+    for line in text.splitlines():
+        if " ERROR " in line:
+            body = line.split("] ", 1)[-1] if "] " in line else line
+            if body.strip() and not re.match(r"^\s*\^+\s*$", body):
+                bodies.append(body.rstrip())
+    # The first traceback: from its header to the first line that is not indented (the exception).
+    start = next((i for i, b in enumerate(bodies) if b.startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return [b for b in bodies if not _FATAL.search(b)][-max_lines:]
+    end = next((i for i in range(start + 1, len(bodies)) if not bodies[i].startswith(" ")), len(bodies) - 1)
+    frames = [i for i in range(start, end) if bodies[i].lstrip().startswith('File "')]
+    pick = bodies[frames[-1]:end + 1] if frames else bodies[start:end + 1]
+    return [p.strip() for p in pick][-max_lines:]
 
 
 def _fill_transfer(r: PDRequest, after: dict[str, Counters], before: dict[str, Counters]) -> None:

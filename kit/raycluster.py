@@ -38,6 +38,14 @@ LOOPBACK = "127.0.0.1"
 def node_ip(i: int) -> str:
     return f"127.0.0.{2 + i}"
 
+# Ray's start-up deadlines (15-30 s) are too short on a loaded 2-core machine: the dashboard agent alone
+# took 21 s to start there, and the raylet then aborted ("Timed out waiting for file
+# .../dashboard_agent_listen_port_<node id>").
+SLOW_MACHINE_ENV = {
+    "RAY_agent_register_timeout_ms": "180000",
+    "RAY_raylet_start_wait_time_s": "180",
+    "RAY_worker_register_timeout_seconds": "180",
+}
 # Object store per node: small, the kit's tensors are tiny (Ray's default is 30% of RAM per node).
 DEFAULT_OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
@@ -106,7 +114,7 @@ class LocalRayCluster:
     attach_env: bool = True
     node_env: "callable | None" = None
     object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES
-    start_timeout: float = 120.0
+    start_timeout: float = 240.0
     temp_dir: str | None = None
     keep_logs: bool = True
     nodes: list[RayNode] = field(default_factory=list)
@@ -164,7 +172,7 @@ class LocalRayCluster:
                     "--dashboard-port", str(dash), "--ray-client-server-port", str(client)]
         else:
             cmd += ["--address", f"{node_ip(0)}:{gcs_port}"]
-        env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1"}
+        env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1", **SLOW_MACHINE_ENV}
         extra = dict(self.node_env(i)) if self.node_env else {}
         env.update(extra)
         log_path = Path(self.temp_dir) / f"kit-node{i}.log"

@@ -14,6 +14,9 @@ Models (see ``data/models/README.md``, section "Zoo", for what was observed on v
 * ``tiny-llama-swa``: ``LlamaForCausalLM`` with ``layer_types`` mixing sliding and full attention;
   its ``kit.json`` names the Eagle3 draft ``tiny-llama-swa-eagle3`` (``LlamaForCausalLMEagle3``).
 * ``tiny-glm4-moe``: ``Glm4MoeForCausalLM`` (small MoE), one MTP layer -> ``Glm4MoeMTPModel``.
+* ``tiny-qwen3_5``: ``Qwen3_5ForCausalLM`` (``qwen3_5_text``; 3 Gated-DeltaNet layers + 1 full
+  attention layer, linear head dims 128), ``mtp_num_hidden_layers`` 1 -> ``Qwen3_5MTP``. vLLM needs
+  ``enable_prefix_caching=False`` for it with spec decode.
 
 Usage: ``python -m kit.zoo [--out DIR] [--only NAME ...] [--no-tokenizer]``. The configs and
 manifests are pure functions of this file; the tokenizer is deterministic for a given CPython
@@ -175,11 +178,34 @@ def _glm4_moe() -> dict:
     return c
 
 
+def _qwen3_5() -> dict:
+    c = dict(_COMMON)
+    c.update(
+        architectures=["Qwen3_5ForCausalLM"],
+        model_type="qwen3_5_text",
+        head_dim=64,
+        attention_bias=False,
+        attn_output_gate=True,  # q_proj emits query and gate: 2 * heads * head_dim rows
+        # Gated-DeltaNet (linear attention) layers: the CPU GDN kernel wants head dims of 128.
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_num_key_heads=1,
+        linear_num_value_heads=2,
+        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"},
+        partial_rotary_factor=0.25,
+        mtp_num_hidden_layers=1,
+    )
+    return c
+
+
 CONFIGS = {
     "tiny-deepseek-v3": _deepseek_v3,
     "tiny-llama-swa": _llama_swa,
     "tiny-llama-swa-eagle3": _llama_swa_eagle3,
     "tiny-glm4-moe": _glm4_moe,
+    "tiny-qwen3_5": _qwen3_5,
 }
 
 # Extra files per model (kit.json names the Eagle3 draft of a target).
@@ -339,11 +365,67 @@ def _manifest_llama_eagle3(c: dict) -> dict:
     return t
 
 
+def _qwen3_5_layer(p: str, c: dict, layer_type: str) -> dict:
+    h = c["hidden_size"]
+    t = {}
+    if layer_type == "full_attention":
+        d, n, kvh = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+        gate = 2 if c.get("attn_output_gate", True) else 1
+        t.update({
+            f"{p}.self_attn.q_proj.weight": [gate * n * d, h],
+            f"{p}.self_attn.k_proj.weight": [kvh * d, h],
+            f"{p}.self_attn.v_proj.weight": [kvh * d, h],
+            f"{p}.self_attn.o_proj.weight": [h, n * d],
+            f"{p}.self_attn.q_norm.weight": [d],
+            f"{p}.self_attn.k_norm.weight": [d],
+        })
+    else:
+        kd, vd = c["linear_key_head_dim"], c["linear_value_head_dim"]
+        nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+        key_dim, value_dim = nk * kd, nv * vd
+        conv_dim = 2 * key_dim + value_dim
+        t.update({
+            f"{p}.linear_attn.in_proj_qkv.weight": [conv_dim, h],
+            f"{p}.linear_attn.in_proj_z.weight": [value_dim, h],
+            f"{p}.linear_attn.in_proj_b.weight": [nv, h],
+            f"{p}.linear_attn.in_proj_a.weight": [nv, h],
+            f"{p}.linear_attn.conv1d.weight": [conv_dim, 1, c["linear_conv_kernel_dim"]],
+            f"{p}.linear_attn.dt_bias": [nv],
+            f"{p}.linear_attn.A_log": [nv],
+            f"{p}.linear_attn.norm.weight": [vd],
+            f"{p}.linear_attn.out_proj.weight": [h, value_dim],
+        })
+    t.update(_mlp(f"{p}.mlp", h, c["intermediate_size"]))
+    t.update(_norms(p, h))
+    return t
+
+
+def _manifest_qwen3_5(c: dict) -> dict:
+    """Text-only Qwen3.5 (``model.layers.*``) plus its MTP module under ``mtp.*`` (fc over
+    [embeds, hidden], two pre-fc norms, full-attention decoder layers, final norm); the MTP
+    module shares the target's embed_tokens and lm_head."""
+    h = c["hidden_size"]
+    t = _causal_lm_top(c)
+    for i, lt in enumerate(c["layer_types"]):
+        t.update(_qwen3_5_layer(f"model.layers.{i}", c, lt))
+    if c.get("mtp_num_hidden_layers"):
+        t.update({
+            "mtp.fc.weight": [h, 2 * h],
+            "mtp.pre_fc_norm_hidden.weight": [h],
+            "mtp.pre_fc_norm_embedding.weight": [h],
+            "mtp.norm.weight": [h],
+        })
+        for i in range(c["mtp_num_hidden_layers"]):
+            t.update(_qwen3_5_layer(f"mtp.layers.{i}", c, "full_attention"))
+    return t
+
+
 _MANIFESTS = {
     "DeepseekV3ForCausalLM": _manifest_deepseek_v3,
     "Glm4MoeForCausalLM": _manifest_glm4_moe,
     "LlamaForCausalLM": _manifest_llama,
     "LlamaForCausalLMEagle3": _manifest_llama_eagle3,
+    "Qwen3_5ForCausalLM": _manifest_qwen3_5,
 }
 
 
