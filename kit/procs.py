@@ -215,21 +215,32 @@ def kill_all() -> None:
 atexit.register(kill_all)
 
 
-def leftover_vllm_processes(exclude: set[int] | None = None) -> list[str]:
-    """vLLM-looking processes on this machine (engines, workers, servers, trackers), for leak checks."""
+def leftover_vllm_processes(exclude: set[int] | None = None, since: float | None = None,
+                            owner: int | None = None) -> list[str]:
+    """vLLM-looking processes on this machine (engines, workers, servers, trackers, Ray), for leak checks.
+
+    With ``since`` (a ``time.time()``), only processes created after it; with ``owner`` (a pid), only
+    those left behind by that process: orphans (re-parented to init) and its own direct children.
+    Processes of other, still-running owners are then not counted.
+    """
     me = os.getpid()
     exclude = exclude or set()
     out = []
     pat = re.compile(r"VLLM::|EngineCore|vllm\.entrypoints|kit\.runner|resource_tracker|ray::|raylet|gcs_server")
-    for p in psutil.process_iter(["pid", "cmdline", "name"]):
+    for p in psutil.process_iter(["pid", "cmdline", "name", "ppid", "create_time"]):
         try:
             if p.pid in (me,) or p.pid in exclude or p.status() == psutil.STATUS_ZOMBIE:
                 continue
             cmd = " ".join(p.info["cmdline"] or []) or (p.info["name"] or "")
         except psutil.Error:
             continue
-        if pat.search(cmd) and "pytest" not in cmd:
-            out.append(f"{p.pid} {cmd[:160]}")
+        if not pat.search(cmd) or "pytest" in cmd:
+            continue
+        if since is not None and p.info["create_time"] < since - 1:
+            continue
+        if owner is not None and p.info["ppid"] not in (1, owner):
+            continue
+        out.append(f"{p.pid} {cmd[:160]}")
     return out
 
 

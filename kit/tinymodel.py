@@ -103,7 +103,7 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     seed: int = 0
-    steps: int = 700
+    steps: int = 800
     batch_size: int = 8
     seq_len: int = 256
     lr: float = 3e-3
@@ -113,6 +113,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     mtp_weight: float = 1.0
     chain_weight: float = 0.5
+    distill_weight: float = 1.0  # MTP/chain vs the trunk's own distribution (see compute_losses)
     doc_start_fraction: float = 0.25
     # One intra-op thread: on this 2-core machine, shared with other CPU-heavy processes (vLLM runs),
     # 2 OpenMP threads were measured 3-5x SLOWER per step than 1 (oversubscribed OpenMP barriers).
@@ -511,25 +512,38 @@ def load_model(model_dir: Path | str) -> TinyMiMo:
 # --------------------------------------------------------------------------------------------
 
 
-def compute_losses(model: TinyMiMo, batch: torch.Tensor, chain: bool = True) -> dict[str, torch.Tensor]:
+def compute_losses(model: TinyMiMo, batch: torch.Tensor, chain: bool = True,
+                   distill: bool = False) -> dict[str, torch.Tensor]:
     """batch: [B, T+3] token windows. Position t (0 <= t < T):
     trunk predicts x[t+1] from x[..t]; MTP predicts x[t+2] from (h_t, x[t+1]);
-    chain (second drafter application at position t+1) predicts x[t+3] from (mtp_out_t, x[t+2])."""
+    chain (second drafter application at position t+1) predicts x[t+3] from (mtp_out_t, x[t+2]).
+    ``distill`` adds, for the MTP and chain predictions, a cross-entropy against the trunk's own
+    (detached) distribution for the same token (trunk logits one / two positions later): the
+    drafter is scored on agreeing with the trunk, which is what speculative acceptance measures."""
     T = batch.shape[1] - 3
     pos = torch.arange(T)
     inp = batch[:, :T]
     h = model.hidden(inp, pos)
     V = model.mc.vocab_size
-    trunk = F.cross_entropy(model.logits(h).reshape(-1, V), batch[:, 1:T + 1].reshape(-1))
+    trunk_logits = model.logits(h)
+    trunk = F.cross_entropy(trunk_logits.reshape(-1, V), batch[:, 1:T + 1].reshape(-1))
     kv: list = []
     m = model.mtp_hidden(h, batch[:, 1:T + 1], pos, kv_out=kv)
-    mtp = F.cross_entropy(model.mtp_logits(m).reshape(-1, V), batch[:, 2:T + 2].reshape(-1))
+    mtp_logits = model.mtp_logits(m)
+    mtp = F.cross_entropy(mtp_logits.reshape(-1, V), batch[:, 2:T + 2].reshape(-1))
     out = {"trunk": trunk, "mtp": mtp}
+    teacher = torch.softmax(trunk_logits.detach(), dim=-1) if distill else None
+    if distill:
+        out["mtp_distill"] = F.cross_entropy(mtp_logits[:, :T - 1].reshape(-1, V), teacher[:, 1:].reshape(-1, V))
     if chain:
         k1, v1 = kv[0]
         layer = model.model.mtp_layers[0]
         m2 = layer.mtp_forward_chain(model.model.embed_tokens(batch[:, 2:T + 2]), pos + 1, m, k1, v1)
-        out["chain"] = F.cross_entropy(model.mtp_logits(m2).reshape(-1, V), batch[:, 3:T + 3].reshape(-1))
+        chain_logits = model.mtp_logits(m2)
+        out["chain"] = F.cross_entropy(chain_logits.reshape(-1, V), batch[:, 3:T + 3].reshape(-1))
+        if distill:
+            out["chain_distill"] = F.cross_entropy(chain_logits[:, :T - 2].reshape(-1, V),
+                                                   teacher[:, 2:].reshape(-1, V))
     return out
 
 
@@ -582,12 +596,12 @@ def evaluate(model: TinyMiMo, stream: TokenStream, tc: TrainConfig) -> dict:
     (teacher-forced proxy for the k=1 acceptance rate)."""
     model.eval()
     g = torch.Generator().manual_seed(tc.seed + 12345)
-    tot = {"trunk": 0.0, "mtp": 0.0, "chain": 0.0}
+    tot: dict[str, float] = {}
     agree = n = 0
     for _ in range(tc.eval_batches):
         b = stream.batch(g, tc.batch_size, tc.seq_len + 3, 0.0)
-        for k, v in compute_losses(model, b).items():
-            tot[k] += float(v)
+        for k, v in compute_losses(model, b, distill=True).items():
+            tot[k] = tot.get(k, 0.0) + float(v)
         T = tc.seq_len
         pos = torch.arange(T)
         h = model.hidden(b[:, :T], pos)
@@ -672,8 +686,11 @@ def train(tc: TrainConfig, out: Path, command: str | None = None, log=print) -> 
         for group in opt.param_groups:
             group["lr"] = lr
         batch = train_stream.batch(g, tc.batch_size, width, tc.doc_start_fraction)
-        losses = compute_losses(model, batch, chain=tc.chain_weight > 0)
+        losses = compute_losses(model, batch, chain=tc.chain_weight > 0, distill=tc.distill_weight > 0)
         loss = losses["trunk"] + tc.mtp_weight * losses["mtp"] + tc.chain_weight * losses.get("chain", 0.0)
+        if tc.distill_weight > 0:
+            loss = loss + tc.distill_weight * (tc.mtp_weight * losses["mtp_distill"]
+                                               + tc.chain_weight * losses.get("chain_distill", 0.0))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
@@ -686,6 +703,7 @@ def train(tc: TrainConfig, out: Path, command: str | None = None, log=print) -> 
             history.append({"step": step, "lr": lr, **rec})
             log(f"step {step:5d} lr {lr:.2e} trunk {rec['trunk']:.4f} mtp {rec['mtp']:.4f}"
                 + (f" chain {rec['chain']:.4f}" if "chain" in rec else "")
+                + (f" distill {rec['mtp_distill']:.4f}" if "mtp_distill" in rec else "")
                 + f" | {el:.0f}s {tps:.0f} tok/s")
     train_seconds = time.time() - t_train
     final = {f"final_{k}_loss": v for k, v in rec.items()}

@@ -14,16 +14,17 @@ MODEL = os.environ.get("KIT_TEST_MODEL", "tiny-mimo")
 
 @pytest.fixture
 def no_leftovers():
-    """Fail the test if it leaves a vLLM-looking process behind."""
-    from kit.procs import leftover_vllm_processes
-
-    before = set(int(x.split()[0]) for x in leftover_vllm_processes())
-    yield
+    """Fail the test if it leaves a vLLM-looking process behind: an orphan, or a child of this process,
+    created during the test (other owners' live processes on a shared machine are not counted)."""
     import time
 
+    from kit.procs import leftover_vllm_processes
+
+    t0 = time.time()
+    yield
     deadline = time.monotonic() + 15
     while True:
-        now = [x for x in leftover_vllm_processes() if int(x.split()[0]) not in before]
+        now = leftover_vllm_processes(since=t0, owner=os.getpid())
         if not now or time.monotonic() > deadline:
             break
         time.sleep(0.5)

@@ -83,6 +83,7 @@ def test_caller_killed_leaves_no_vllm_process(tmp_path, no_leftovers):
         from kit.topology import Topology
         engine.generate(Topology(model={MODEL!r}, random_weights=True, pp=2), ["x = 1"] * 4, max_tokens=2000)
     """))
+    t_start = time.time()
     caller = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not _vllm_children("VLLM::Worker_PP1"):
@@ -92,9 +93,9 @@ def test_caller_killed_leaves_no_vllm_process(tmp_path, no_leftovers):
     caller.kill()
     caller.wait()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and [p for p in leftover_vllm_processes()]:
+    while time.monotonic() < deadline and leftover_vllm_processes(since=t_start, owner=caller.pid):
         time.sleep(1)
-    assert not leftover_vllm_processes(), leftover_vllm_processes()
+    assert not leftover_vllm_processes(since=t_start, owner=caller.pid)
 
 
 @pytest.mark.slow
@@ -111,4 +112,4 @@ def test_twenty_starts_and_stops_leave_nothing(no_leftovers):
             stop.set()
         else:
             engine.generate(t, PROMPTS, max_tokens=4)
-        assert not leftover_vllm_processes(), (i, leftover_vllm_processes())
+        assert not leftover_vllm_processes(owner=os.getpid()), (i, leftover_vllm_processes(owner=os.getpid()))

@@ -43,13 +43,22 @@ def test_weights_manifest_matches_generator(name):
 
 def test_mtp_layer_in_manifest(name):
     cfg = zoo.config(name)
-    n_mtp = cfg.get("num_nextn_predict_layers", 0)
     tensors = zoo.weights_manifest(cfg)["tensors"]
     n = cfg["num_hidden_layers"]
     layers = {int(k.split(".")[2]) for k in tensors if k.startswith("model.layers.")}
     if cfg["architectures"][0].endswith("Eagle3"):
         assert any(k.startswith("midlayer.") for k in tensors) and "fc.weight" in tensors
         return
+    if cfg.get("mtp_num_hidden_layers"):  # Qwen3.5: MTP module under mtp.*
+        n_mtp = cfg["mtp_num_hidden_layers"]
+        assert layers == set(range(n))
+        assert {int(k.split(".")[2]) for k in tensors if k.startswith("mtp.layers.")} == set(range(n_mtp))
+        for part in ("fc", "pre_fc_norm_hidden", "pre_fc_norm_embedding", "norm"):
+            assert f"mtp.{part}.weight" in tensors
+        assert resolve_model(MODELS_DIR / name).num_mtp_layers == n_mtp
+        return
+    n_mtp = cfg.get("num_nextn_predict_layers", 0)
+    assert n_mtp >= 1
     assert layers == set(range(n + n_mtp))
     for i in range(n, n + n_mtp):
         for part in ("enorm", "hnorm", "eh_proj", "shared_head.norm", "shared_head.head"):
