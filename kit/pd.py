@@ -235,10 +235,24 @@ class PDRequest:
 
 # -- the pair --------------------------------------------------------------------------------------
 
-def _server_only(t: Topology) -> Topology:
-    """The topology with the OpenAI-server flags the router reads (per-request metrics in responses)."""
+# NIXL's own knobs (``kv_connector_extra_config``). The producer keeps a request's blocks for
+# ``kv_lease_duration`` seconds (default 30) waiting for the consumer; on 2 loaded cores the consumer's first
+# handshake alone took longer than that (seen: push mode, the lease expired, the consumer waited for ever).
+DEFAULT_KV_EXTRA_CONFIG = {"kv_lease_duration": 120}
+
+
+def _server_only(t: Topology, kv_extra: dict | None = None) -> Topology:
+    """The topology as the pair serves it: per-request metrics in responses, NIXL's extra config.
+
+    Both go through ``extra_engine_args`` (which :meth:`Topology.serve_args` turns into flags), so
+    :mod:`kit.topology` needs no change: ``kv_transfer_config`` is the topology's own plus
+    ``kv_connector_extra_config``.
+    """
     extra = dict(t.extra_engine_args)
     extra.setdefault("enable_per_request_metrics", True)
+    kv = t.kv_transfer_config()
+    if kv is not None and kv_extra and "kv_transfer_config" not in extra:
+        extra["kv_transfer_config"] = {**kv, "kv_connector_extra_config": dict(kv_extra)}
     return t.with_(extra_engine_args=extra)
 
 
@@ -252,7 +266,7 @@ class PDPair:
     def __init__(self, producer: Topology, consumer: Topology, connector: str | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  log_dir: Path | str | None = None, env: dict[str, str] | None = None, warmup: bool = True,
-                 parallel_start: bool = True, split_cores: bool = True):
+                 parallel_start: bool = True, split_cores: bool = True, kv_extra_config: dict | None = None):
         if producer.info.path != consumer.info.path:
             raise TopologyError(f"producer and consumer load different models ({producer.model} vs {consumer.model})")
         for what, a, b in (("random_weights", producer.random_weights, consumer.random_weights),
@@ -278,6 +292,8 @@ class PDPair:
         # is pending, and OMP threads of two engines bound to the same cores slow decoding many times over.
         self.split_cores = split_cores
         self.server_env: dict[str, dict[str, str]] = {}
+        self.kv_extra_config = dict(DEFAULT_KV_EXTRA_CONFIG if kv_extra_config is None else kv_extra_config)
+        self.served_topology: dict[str, Topology] = {}
         self._ports: set[int] = set()
         self.producer: Server | None = None
         self.consumer: Server | None = None
@@ -318,7 +334,8 @@ class PDPair:
         env.update(self.env)
         self.server_env[role] = env
         http_port = self._free_port()
-        return Server(_server_only(topo), port=http_port, env=env, log_path=self.log_dir / f"{role}.log", name=role)
+        self.served_topology[role] = served = _server_only(topo, self.kv_extra_config)
+        return Server(served, port=http_port, env=env, log_path=self.log_dir / f"{role}.log", name=role)
 
     def start(self) -> "PDPair":
         # Write a random checkpoint once, before two processes race to write it.
@@ -421,14 +438,18 @@ class PDPair:
         return {"connector": self.connector, "connector_class": self.producer_topology.kv_transfer_config()["kv_connector"],
                 "connector_reason": self.connector_reason,
                 "producer": self.producer_topology.describe(), "consumer": self.consumer_topology.describe(),
-                "producer_kv_transfer_config": self.producer_topology.kv_transfer_config(),
-                "consumer_kv_transfer_config": self.consumer_topology.kv_transfer_config(),
+                "producer_kv_transfer_config": self._served_kv("producer"),
+                "consumer_kv_transfer_config": self._served_kv("consumer"),
                 "producer_url": self.producer.url if self.producer else None,
                 "consumer_url": self.consumer.url if self.consumer else None,
                 "side_channel_ports": dict(self.side_channel_ports), "start_seconds": dict(self.start_seconds),
                 "omp_threads_bind": {r: e.get("VLLM_CPU_OMP_THREADS_BIND") for r, e in self.server_env.items()},
                 "block_size": self.block_size, "logs": {"producer": str(self.log_dir / "producer.log"),
                                                         "consumer": str(self.log_dir / "consumer.log")}}
+
+    def _served_kv(self, role: str) -> dict | None:
+        t = self.served_topology.get(role) or (self.producer_topology if role == "producer" else self.consumer_topology)
+        return t.extra_engine_args.get("kv_transfer_config") or t.kv_transfer_config()
 
     # -- counters --------------------------------------------------------------------------------
     def _metrics_text(self, srv: Server) -> str:

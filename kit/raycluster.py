@@ -38,12 +38,13 @@ LOOPBACK = "127.0.0.1"
 def node_ip(i: int) -> str:
     return f"127.0.0.{2 + i}"
 
-# Ray's start-up deadlines (15-30 s) are too short on a loaded 2-core machine: the dashboard agent alone
-# took 21 s to start there, and the raylet then aborted ("Timed out waiting for file
-# .../dashboard_agent_listen_port_<node id>").
+# Ray's start-up deadlines are short for a loaded 2-core machine. Measured with Ray 2.60: the dashboard agent
+# took > 15 s to start, and the raylet aborted ("Check failed ... Timed out waiting for file
+# .../dashboard_agent_listen_port_<node id>" in NodeManager::WaitForDashboardAgentPorts). That 15 s wait did
+# NOT follow RAY_agent_register_timeout_ms; hence nodes start one at a time and a failed node start is retried
+# (``start_attempts``). These settings lengthen Ray's other start-up waits.
 SLOW_MACHINE_ENV = {
     "RAY_agent_register_timeout_ms": "180000",
-    "RAY_raylet_start_wait_time_s": "180",
     "RAY_worker_register_timeout_seconds": "180",
 }
 # Object store per node: small, the kit's tensors are tiny (Ray's default is 30% of RAM per node).
@@ -115,6 +116,7 @@ class LocalRayCluster:
     node_env: "callable | None" = None
     object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES
     start_timeout: float = 240.0
+    start_attempts: int = 3
     temp_dir: str | None = None
     keep_logs: bool = True
     nodes: list[RayNode] = field(default_factory=list)
@@ -140,19 +142,52 @@ class LocalRayCluster:
         self.temp_dir = self.temp_dir or tempfile.mkdtemp(prefix="kitray-", dir="/tmp")
         self.started = True
         try:
-            gcs_port = _free_ports(1)[0]
-            self.address = f"{node_ip(0)}:{gcs_port}"
+            gcs_port = 0
+            # One node at a time, each up before the next starts: on a loaded 2-core machine parallel starts
+            # make Ray's helpers miss the raylet's fixed 15 s wait for the dashboard agent's port file.
             for i in range(self.num_nodes):
-                self._start_node(ray, i, gcs_port)
-                if i == 0:
-                    self._wait_gcs()
+                for attempt in range(1, self.start_attempts + 1):
+                    if i == 0:  # a fresh GCS port for each head attempt
+                        gcs_port = _free_ports(1)[0]
+                        self.address = f"{node_ip(0)}:{gcs_port}"
+                    self._start_node(ray, i, gcs_port, attempt)
+                    if self._wait_node_started(self.nodes[i]):
+                        break
+                    if attempt == self.start_attempts:
+                        raise RayClusterError(f"ray node {i} did not start in {self.start_attempts} attempts"
+                                              + self._log_tail())
+                    self._stop_node(self.nodes.pop())  # this node's processes only, then try again
             self._wait_nodes(expected=self.num_nodes)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _start_node(self, ray: str, i: int, gcs_port: int) -> None:
+    def _wait_node_started(self, node: "RayNode") -> bool:
+        """True once ``ray start`` reports the node up; False if it exited (e.g. the raylet aborted)."""
+        deadline = time.monotonic() + self.start_timeout
+        raylet_seen = False
+        while time.monotonic() < deadline:
+            text = node.log_path.read_text(errors="replace") if node.log_path.exists() else ""
+            if "Ray runtime started" in text:
+                return True
+            if not node.proc.alive():
+                return False
+            # A raylet that aborted is noticed by `ray start` only a minute later: watch it directly.
+            names = set()
+            for p in node.proc.tree():
+                try:
+                    names.add(p.name())
+                except psutil.Error:
+                    pass
+            if "raylet" in names:
+                raylet_seen = True
+            elif raylet_seen:
+                return False
+            time.sleep(0.5)
+        raise RayClusterError(f"ray node {node.index} not up after {self.start_timeout:.0f} s" + self._log_tail())
+
+    def _start_node(self, ray: str, i: int, gcs_port: int, attempt: int = 1) -> None:
         resource = f"kit_node_{i}"
         (agent_http, agent_grpc, rt_env, metrics, nm_port, om_port, dash, client,
          wmin) = _free_ports(9)
@@ -175,24 +210,9 @@ class LocalRayCluster:
         env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1", **SLOW_MACHINE_ENV}
         extra = dict(self.node_env(i)) if self.node_env else {}
         env.update(extra)
-        log_path = Path(self.temp_dir) / f"kit-node{i}.log"
+        log_path = Path(self.temp_dir) / f"kit-node{i}-try{attempt}.log"
         proc = ManagedProcess(cmd, env=env, log_path=log_path, name=f"ray node {i}")
         self.nodes.append(RayNode(index=i, ip=node_ip(i), resource=resource, env=extra, proc=proc, log_path=log_path))
-
-    def _wait_gcs(self) -> None:
-        import socket
-
-        host, port = self.address.rsplit(":", 1)
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            self._check_alive()
-            try:
-                with socket.create_connection((host, int(port)), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise RayClusterError(f"Ray head's GCS not listening on {self.address} after {self.start_timeout:.0f} s"
-                              + self._log_tail())
 
     def _check_alive(self) -> None:
         for n in self.nodes:
@@ -239,7 +259,7 @@ class LocalRayCluster:
                 for node in self.nodes:
                     node.node_id = by_res.get(node.resource)
                 return
-            time.sleep(1.0)
+            time.sleep(2.0)
         raise RayClusterError(f"expected {expected} live Ray nodes at {self.address}, saw {len(last)} after "
                               f"{self.start_timeout:.0f} s" + self._log_tail())
 
@@ -267,6 +287,23 @@ class LocalRayCluster:
                 pass
         found.pop(os.getpid(), None)
         return list(found.values())
+
+    def _stop_node(self, node: "RayNode") -> None:
+        """End one node's ``ray start`` tree (used between start attempts)."""
+        procs = []
+        if node.proc is not None:
+            for p in node.proc.tree():
+                try:
+                    procs += [p] + p.children(recursive=True)
+                except psutil.Error:
+                    pass
+            node.proc.terminate(grace=5.0)
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=5)
 
     def stop(self, grace: float = 10.0) -> list[str]:
         """End the nodes this object started (nothing when attached). Returns what had to be SIGKILLed."""

@@ -21,12 +21,11 @@ def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
     r = engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCH_LOG": str(log)})
     assert all(len(x) == 4 for x in r.token_ids)
     recs = [json.loads(l) for l in log.read_text().splitlines()]
-    titles = " ".join(r["title"] for r in recs)
-    # The engine core and both PP workers loaded the plugin and applied the patches.
-    assert "EngineCore" in titles, titles
-    assert "Worker_PP0" in titles and "Worker_PP1" in titles, titles
+    # The runner (front end), the engine core and both PP workers: four processes loaded the plugin,
+    # and each applied the correctness patches.
+    assert len({r["pid"] for r in recs}) >= 4, recs
     for rec in recs:
-        assert "drafter_only_on_last_rank" in rec["applied"] and "pp_spec_schedule_gate" in rec["applied"]
+        assert "drafter_only_on_last_rank" in rec["applied"] and "pp_spec_schedule_gate" in rec["applied"], rec
 
 
 def test_engine_failure_surfaces_with_root_cause_fast(no_leftovers):

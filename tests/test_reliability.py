@@ -16,7 +16,7 @@ from kit.topology import Topology
 
 from conftest import MODEL, ROOT
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.reliability]
 PROMPTS = ["def add(a, b):\n    return", "import os\n"]
 
 
