@@ -1,0 +1,201 @@
+"""PD disaggregation (kit.pd): a producer and a consumer vLLM server joined by a real NIXL connector.
+
+The first block needs no engine (connector choice, expected KV bytes, metric parsing, CLI input checks).
+The engine tests start real servers: run them one pair at a time under the machine's vLLM lock, e.g.
+``flock /tmp/ppmtp-vllm.lock .venv/bin/python -m pytest -m engine tests/test_pd.py``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kit import pd
+from kit.models import ModelError, resolve_model
+from kit.topology import Topology
+
+from conftest import MODEL
+
+# The trained tiny-mimo checkpoint may not be written yet: fall back to the same architecture's stand-in.
+STANDIN = "/tmp/devmimo"
+
+
+def _model() -> tuple[str, bool]:
+    """(model, random_weights): tiny-mimo with its trained weights when present, else random weights."""
+    for name in (MODEL, STANDIN):
+        try:
+            info = resolve_model(name)
+        except ModelError:
+            continue
+        return name, not info.has_trained_weights
+    pytest.skip(f"neither {MODEL} nor {STANDIN} is available")
+
+
+PROMPTS = [
+    "def add(a, b):\n    return",
+    "import os\n",
+    # Over 128 tokens: more than one KV block moves.
+    "The quick brown fox jumps over the lazy dog. " * 12,
+    "for i in range(10):\n    print(",
+]
+
+
+# -- no engine -------------------------------------------------------------------------------------
+
+def test_connector_choice_and_reason():
+    m, r = _model()
+    p1, c1 = pd.pd_topologies(m, 1, None, 1, None, random_weights=r)
+    assert pd.choose_connector(p1, c1)[0] == "nixl"
+    p2, c2 = pd.pd_topologies(m, 2, "mtp:2", 1, None, random_weights=r)
+    conn, why = pd.choose_connector(p2, c2)
+    assert conn == "nixl-push" and "Number of KV layers must match" in why
+    pair = pd.PDPair(p2, c2)  # nothing starts before __enter__
+    assert pair.connector == "nixl-push" and pair.connector_reason == why
+    assert pair.producer_topology.kv_transfer_config()["kv_connector"] == "NixlPushConnector"
+    assert pair.consumer_topology.kv_transfer_config()["kv_role"] == "kv_consumer"
+
+
+def test_kv_bytes_expected_from_model_shape():
+    m, r = _model()
+    p, c = pd.pd_topologies(m, 2, "mtp:2", 1, None, random_weights=r)
+    cfg = p.info.config
+    per_token = cfg["num_key_value_heads"] * cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]) * 2 * 4
+    e = pd.kv_bytes_expected(p, c, [10, 129], block_size=128)
+    assert e["blocks"] == [1, 2]
+    assert e["layers"] == [f"model.layers.{i}" for i in range(cfg["num_hidden_layers"])]
+    assert e["bytes"] == cfg["num_hidden_layers"] * 3 * 128 * per_token
+    # The MTP layer's KV moves only to a consumer that has an MTP layer too.
+    p3, c3 = pd.pd_topologies(m, 1, "mtp:2", 1, "mtp:2", random_weights=r)
+    assert len(pd.kv_bytes_expected(p3, c3, [10], 128)["layers"]) == cfg["num_hidden_layers"] + 1
+
+
+def test_counters_from_prometheus_text():
+    text = "\n".join([
+        '# HELP vllm:nixl_bytes_transferred x',
+        'vllm:nixl_bytes_transferred_sum{engine="0",model_name="m"} 262144.0',
+        'vllm:nixl_bytes_transferred_count{engine="0",model_name="m"} 1.0',
+        'vllm:nixl_num_descriptors_sum{engine="0",model_name="m"} 4.0',
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 3.0',
+        'vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 10.0',
+        'vllm:prompt_tokens_total{engine="0",model_name="m"} 13.0',
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 5.0',
+        'vllm:cache_config_info{block_size="128",engine="0"} 1.0',
+    ])
+    c = pd.Counters.from_text(text)
+    assert (c.nixl_bytes, c.nixl_transfers, c.nixl_descriptors) == (262144, 1, 4)
+    assert (c.local_compute, c.external_kv_transfer, c.prompt_tokens) == (3, 10, 13)
+    assert c.spec.num_drafts == 5
+    assert (c - pd.Counters()).nixl_bytes == 262144
+    assert pd.block_size_from_metrics(text) == 128
+
+
+def test_fatal_log_lines(tmp_path):
+    log = tmp_path / "producer.log"
+    log.write_text("\n".join([
+        "(Worker_PP1 pid=1) ERROR 12-01 03:27:51 [multiproc_executor.py:1063] WorkerProc hit an exception.",
+        "(Worker_PP1 pid=1) ERROR 12-01 03:27:51 [multiproc_executor.py:1063] Traceback (most recent call last):",
+        '(Worker_PP1 pid=1) ERROR 12-01 03:27:51 [multiproc_executor.py:1063]   File "a.py", line 1, in f',
+        "(Worker_PP1 pid=1) ERROR 12-01 03:27:51 [multiproc_executor.py:1063]     g()",
+        '(Worker_PP1 pid=1) ERROR 12-01 03:27:51 [multiproc_executor.py:1063]   File "base_worker.py", line 1716, in register_kv_caches',
+        "(Worker_PP1 pid=1) ERROR 12-01 03:27:51 [multiproc_executor.py:1063]     assert self.num_regions % num_local_layers == 0",
+        "(Worker_PP1 pid=1) ERROR 12-01 03:27:51 [multiproc_executor.py:1063] AssertionError",
+    ]))
+    lines = pd.fatal_log_lines(log)
+    assert lines[0].startswith('File "base_worker.py", line 1716') and lines[-1] == "AssertionError"
+    (tmp_path / "ok.log").write_text("INFO all good\n")
+    assert pd.fatal_log_lines(tmp_path / "ok.log") == []
+
+
+def test_main_bad_input_exits_2_before_any_server(tmp_path, capsys):
+    m, r = _model()
+    rnd = ["--random"] if r else []
+    assert pd.main(["--model", "no-such-model", "--random"]) == 2
+    assert pd.main(["--model", m, *rnd, "--producer-spec", "mtp"]) == 2  # k missing
+    assert pd.main(["--model", m, *rnd, "--max-tokens", "0"]) == 2
+    assert pd.main(["--model", m, *rnd, "--prompts", str(tmp_path / "none.jsonl")]) == 2
+    assert pd.main(["--model", m, *rnd, "--producer-pp", "9"]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+# -- real servers ----------------------------------------------------------------------------------
+
+@pytest.mark.engine
+@pytest.mark.pd
+def test_router_streaming_and_concurrent_requests(no_leftovers):
+    """One pair (producer PP=1 -> consumer PP=1, pull): non-streaming, streaming, and 4 requests at once all
+    return the colocated reference's greedy tokens, and every prompt token's KV comes over NIXL."""
+    from kit.engine import generate
+
+    m, r = _model()
+    max_tokens = 12
+    p, c = pd.pd_topologies(m, 1, None, 1, None, random_weights=r)
+    ref = generate(c.reference(), PROMPTS, max_tokens=max_tokens, top2=True)
+    with pd.PDPair(p, c) as pair:
+        assert pair.connector == "nixl"
+        one = pair.complete(PROMPTS[0], max_tokens=max_tokens)
+        assert one.error is None, one.error
+        assert one.token_ids == ref.token_ids[0]
+        assert one.producer_token_ids == ref.token_ids[0][:1]
+        assert one.producer_prefill_s > 0 and one.total_s >= one.consumer_s > 0
+        assert one.kv_transfer_params and one.kv_transfer_params.get("do_remote_prefill") is True
+
+        recs, totals = pair.complete_many(PROMPTS, max_tokens=max_tokens, stream=True, concurrency=4)
+        for i, rec in enumerate(recs):
+            assert rec.error is None, rec.error
+            assert rec.stream and rec.token_ids == ref.token_ids[i], (i, rec.token_ids, ref.token_ids[i])
+            assert rec.consumer_ttft_s is not None and 0 < rec.consumer_ttft_s <= rec.consumer_s
+        assert len({rec.request_id for rec in recs}) == len(PROMPTS)
+        prompt_tokens = sum(rec.prompt_tokens for rec in recs)
+        assert totals["consumer_prefill_tokens_computed"] == 0
+        assert totals["consumer_external_tokens"] == prompt_tokens
+        assert totals["kv_failed_transfers"] == 0 and totals["kv_transfers"] >= len(PROMPTS)
+        expected = pd.kv_bytes_expected(p, c, [rec.prompt_tokens for rec in recs], pair.block_size)
+        assert totals["kv_bytes_transferred"] == expected["bytes"]
+
+
+@pytest.mark.engine
+@pytest.mark.pd
+def test_pp2_mtp_producer_to_pp1_consumer_is_token_identical(tmp_path, no_leftovers):
+    """The seed scenario: PP=2 + MTP k=2 on the prefill side, PP=1 decode. Push connector (heterogeneous PP)."""
+    m, r = _model()
+    p, c = pd.pd_topologies(m, 2, "mtp:2", 1, None, random_weights=r)
+    d = pd.pd_compare(p, c, PROMPTS[:3], max_tokens=16, log_dir=tmp_path / "logs")
+    (tmp_path / "result.json").write_text(json.dumps(d, indent=1))
+    assert d["connector"] == "nixl-push"
+    assert not d["errors"], d["errors"]
+    assert d["identical"], d["first_divergence"]
+    assert d["consumer_prefill_tokens_computed"] == 0
+    assert d["kv_failed_transfers"] == 0
+    assert d["kv_bytes_transferred"] == d["kv_bytes_expected"], (d["kv_bytes_transferred"], d["kv_expected"])
+    assert d["handoff_ok"], d["handoff_checks"]
+
+
+@pytest.mark.engine
+@pytest.mark.pd
+@pytest.mark.slow
+def test_pp2_producer_to_pp1_consumer_push_streaming(tmp_path, no_leftovers):
+    """Heterogeneous PP without a drafter (push): streaming, 4 at once, token-identical, all KV moved."""
+    m, r = _model()
+    p, c = pd.pd_topologies(m, 2, None, 1, None, random_weights=r)
+    d = pd.pd_compare(p, c, PROMPTS, max_tokens=16, stream=True, concurrency=4, log_dir=tmp_path / "logs")
+    assert d["connector"] == "nixl-push" and d["transfer_recorded_by"] == "producer"
+    assert not d["errors"], d["errors"]
+    assert d["identical"], d["first_divergence"]
+    assert d["handoff_ok"], d["handoff_checks"]
+
+
+@pytest.mark.engine
+@pytest.mark.pd
+@pytest.mark.slow
+def test_mtp_on_both_sides_moves_the_mtp_layer(tmp_path, no_leftovers):
+    """PP=1 + MTP -> PP=1 + MTP (pull): the MTP layer's KV moves too; the consumer's drafts are counted."""
+    m, r = _model()
+    p, c = pd.pd_topologies(m, 1, "mtp:2", 1, "mtp:2", random_weights=r)
+    d = pd.pd_compare(p, c, PROMPTS[:3], max_tokens=16, log_dir=tmp_path / "logs")
+    assert d["connector"] == "nixl"
+    assert not d["errors"], d["errors"]
+    assert d["identical"], d["first_divergence"]
+    assert len(d["kv_expected"]["layers"]) == p.info.num_layers + p.info.num_mtp_layers
+    assert d["handoff_ok"], d["handoff_checks"]
+    assert d["consumer_spec"]["num_drafts"] > 0
