@@ -16,6 +16,19 @@ def _param_bytes(module) -> tuple[int, int]:
     return n, b
 
 
+def _ray_node_id() -> str | None:
+    """The Ray node this worker runs on, when it is a Ray actor (``backend="ray"``); else ``None``."""
+    import sys
+
+    ray = sys.modules.get("ray")  # never import Ray into a worker that does not already use it
+    try:
+        if ray is not None and ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    except Exception:
+        pass
+    return None
+
+
 class KitWorkerExtension:
     """Mixed into vLLM's worker class."""
 
@@ -68,6 +81,7 @@ class KitWorkerExtension:
             "drafter": drafter_info,
             "kv_cache": kv,
             "hostname": os.uname().nodename,
+            "ray_node_id": _ray_node_id(),
         }
 
     def kit_eagle3_layers(self) -> dict:

@@ -78,14 +78,14 @@ def test_without_eager_buffers_pp2_eager_crashes(no_leftovers):
     t = Topology(model=MODEL, random_weights=True, pp=2)
     with pytest.raises(engine.EngineError, match="intermediate_tensors is not None"):
         engine.generate(t, _prompts()[:1], max_tokens=4, env={"KIT_PATCHES": "all,-eager_pp_intermediate_buffers"},
-                        timeout=300)
+                        timeout=600)
 
 
 def test_decode_side_rule_refuses_without_the_fix(no_leftovers):
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
     with pytest.raises(engine.EngineError, match="only supported on the\\s+prefill side|data parallelism"):
         engine.generate(t, _prompts()[:1], max_tokens=4, env={"KIT_PATCHES": "all,-pp_spec_schedule_gate"},
-                        timeout=300)
+                        timeout=600)
 
 
 def test_without_aux_relay_eagle3_pp2_fails_to_start(no_leftovers):
@@ -93,4 +93,4 @@ def test_without_aux_relay_eagle3_pp2_fails_to_start(no_leftovers):
     t = Topology(model="tiny-llama-swa", random_weights=True, pp=2, spec="eagle3:2")
     with pytest.raises(engine.EngineError, match="Missing aux_hidden_states_0"):
         engine.generate(t, _prompts()[:1], max_tokens=4,
-                        env={"KIT_PATCHES": "all,-eagle3_aux_hidden_states_over_pp"}, timeout=300)
+                        env={"KIT_PATCHES": "all,-eagle3_aux_hidden_states_over_pp"}, timeout=600)
