@@ -355,11 +355,14 @@ class PDPair:
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors[role] = e
                 other_role = "consumer" if role == "producer" else "producer"
-                other = servers[other_role]
-                if other.proc is not None and other_role not in errors:
+                proc = servers[other_role].proc
+                if proc is not None and other_role not in errors and not booted[other_role].is_set():
                     # Make the other start fail fast instead of waiting for its deadline.
                     stopped_by_us.add(other_role)
-                    other.proc.terminate(grace=2.0)
+                    try:
+                        proc.terminate(grace=2.0)
+                    except Exception:  # noqa: BLE001 - it may be ending on its own
+                        pass
             finally:
                 booted[role].set()
             # kit.procs starts each server with PR_SET_PDEATHSIG, which the kernel fires when the *thread*
@@ -378,12 +381,16 @@ class PDPair:
                 # teardown until the deadline): watch the logs and end such a server at once.
                 while not all(ev.is_set() for ev in booted.values()):
                     for role, srv in servers.items():
-                        if booted[role].is_set() or srv.proc is None or role in self.fatal:
+                        proc = srv.proc
+                        if booted[role].is_set() or proc is None or role in self.fatal:
                             continue
                         lines = fatal_log_lines(self.log_dir / f"{role}.log")
                         if lines:
                             self.fatal[role] = lines
-                            srv.proc.terminate(grace=2.0)
+                            try:
+                                proc.terminate(grace=2.0)
+                            except Exception:  # noqa: BLE001
+                                pass
                     time.sleep(1.0)
             else:
                 for r in servers:

@@ -1,15 +1,17 @@
 """A local Ray cluster of several nodes on loopback, for vLLM's Ray executor (``backend="ray"``).
 
 :class:`LocalRayCluster` starts a head node and ``num_nodes - 1`` further nodes on this machine, each a
-separate ``ray start --block`` process tree in its own session (:class:`~kit.procs.ManagedProcess`), all on
-127.0.0.1 with their own ports, a per-node custom resource ``kit_node_<i>`` and per-node environment
-(e.g. ``VLLM_CPU_OMP_THREADS_BIND``). Or it attaches to an existing cluster (``address=`` or
+separate ``ray start --block`` process tree in its own session (:class:`~kit.procs.ManagedProcess`), node
+``i`` on loopback address 127.0.0.(2+i) with its own ports, a per-node custom resource ``kit_node_<i>`` and
+per-node environment (e.g. ``VLLM_CPU_OMP_THREADS_BIND``). Or it attaches to an existing cluster (``address=`` or
 ``RAY_ADDRESS``) and then starts and stops nothing.
 
 Teardown ends ONLY what it started: the ``ray start`` trees (gcs_server, raylet, plasma store, dashboard,
 agents, log monitor, Ray workers), found as descendants of those processes, members of their process
 groups, or processes whose command line names this cluster's temp dir. It does not call ``ray stop``:
 that command finds Ray processes by name on the whole machine and would end other users' clusters too.
+Each ``ray start`` runs under a small guard (``python -m kit.raycluster guard -- ray start ...``) that ends
+its node's process group when the process that started the cluster dies (a killed notebook kernel).
 
 Ray is an optional dependency (``pip install "ray[default]==2.60.0"``); importing this module does not
 need it, starting a cluster does.
@@ -199,8 +201,7 @@ class LocalRayCluster:
 
     def _start_node(self, ray: str, i: int, gcs_port: int, attempt: int = 1) -> None:
         resource = f"kit_node_{i}"
-        (agent_http, agent_grpc, rt_env, metrics, nm_port, om_port, dash, client,
-         wmin) = _free_ports(9)
+        agent_http, agent_grpc, rt_env, metrics, nm_port, om_port, dash, client = _free_ports(8)
         cmd = [ray, "start", "--block", "--disable-usage-stats",
                "--node-ip-address", node_ip(i), "--num-cpus", str(self.cpus_per_node), "--num-gpus", "0",
                "--resources", json.dumps({resource: 1}), "--labels", f"kit-node={i}",
@@ -227,7 +228,8 @@ class LocalRayCluster:
         extra = dict(self.node_env(i)) if self.node_env else {}
         env.update(extra)
         log_path = Path(self.temp_dir) / f"kit-node{i}-try{attempt}.log"
-        proc = ManagedProcess(cmd, env=env, log_path=log_path, name=f"ray node {i}")
+        guard = [sys.executable, "-m", "kit.raycluster", "guard", "--"]
+        proc = ManagedProcess(guard + cmd, env=env, log_path=log_path, name=f"ray node {i}")
         self.nodes.append(RayNode(index=i, ip=node_ip(i), resource=resource, env=extra, proc=proc, log_path=log_path))
 
     def _check_alive(self) -> None:
@@ -371,3 +373,52 @@ class LocalRayCluster:
     def env(self) -> dict[str, str]:
         """Environment for the vLLM engine process that should use this cluster as its Ray driver."""
         return {"RAY_ADDRESS": self.address or "", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+# -- the guard around each `ray start` ----------------------------------------------------------------
+
+def _guard(cmd: list[str]) -> int:
+    """Run ``cmd`` (``ray start --block ...``) in this process group; on SIGTERM, or when the process that
+    started us dies, stop it and then end the whole group (gcs_server, raylet and agents live in it)."""
+    import ctypes
+
+    parent = int(os.environ.get("KIT_PARENT_PID", "0") or 0)
+    try:  # ManagedProcess asked for SIGKILL on parent death; SIGTERM lets this guard clean up first
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except Exception:
+        pass
+    child = subprocess.Popen(cmd)
+    stopping = []
+
+    def on_term(signum, frame):
+        stopping.append(time.monotonic())
+        try:
+            child.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    if parent and os.getppid() != parent:
+        on_term(None, None)
+    while True:
+        try:
+            rc = child.wait(timeout=1.0)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if not stopping and parent and os.getppid() != parent:
+            on_term(None, None)
+        if stopping and time.monotonic() - stopping[0] > 10:
+            break
+    if stopping:  # leave nothing of this node behind
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.killpg(0, signal.SIGKILL)
+    return child.returncode if child.returncode is not None else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "guard" and sys.argv[2] == "--":
+        sys.exit(_guard(sys.argv[3:]))
+    print("usage: python -m kit.raycluster guard -- ray start ...", file=sys.stderr)
+    sys.exit(2)

@@ -196,6 +196,8 @@ def _qwen3_5() -> dict:
         rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.25, "rope_type": "default"},
         partial_rotary_factor=0.25,
         mtp_num_hidden_layers=1,
+        # vLLM 0.32's CPU GDN kernel asserts bf16 ("CPU GDN attention requires BF16.").
+        torch_dtype="bfloat16",
     )
     return c
 
