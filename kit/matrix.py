@@ -45,6 +45,12 @@ MAX_TOKENS = 40
 NUM_PROMPTS = 8
 
 CELLS: list[Cell] = []
+# PP=1 with speculation: the acceptance baseline the PP>1 cells' per-position counts must equal.
+for k in (1, 2, 3):
+    CELLS.append(Cell("tiny-mimo", False, 1, f"mtp:{k}"))
+CELLS.append(Cell("tiny-mimo", True, 1, "ngram:2"))
+CELLS.append(Cell("tiny-mimo", True, 1, "ngram:3", max_num_seqs=3))
+CELLS.append(Cell("tiny-mimo", False, 1, "mtp:2", max_num_seqs=3))
 for pp in (2, 4):
     for k in (1, 2, 3):
         for random in (True, False):

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server, free_port
+from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server, free_port, precheck
 from .metrics import SpecCounters
 from .models import cache_dir
 from .topology import Spec, Topology, TopologyError, omp_threads_bind
@@ -281,6 +281,8 @@ class PDPair:
         self.connector_reason = reason
         self.producer_topology = producer.with_(pd_role="producer", connector=connector)
         self.consumer_topology = consumer.with_(pd_role="consumer", connector=connector)
+        for t in (self.producer_topology, self.consumer_topology):  # decode-side PP + spec rule, before any start
+            precheck(t, env)
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="kit-pd-", dir=cache_dir()))

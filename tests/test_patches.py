@@ -91,3 +91,26 @@ def test_fill_history_no_gap_no_change_and_remembers_new_drafts():
     drafts = {}
     assert fill_history(runner, _sched(num_computed=5, new_tokens=[11], spec={"r": [3, 4]}), drafts) == 0
     assert state.output_token_ids == [10] and drafts == {"r": [3, 4]}
+
+
+def test_decode_side_rule_is_checked_before_any_process_starts():
+    """The kit refuses decode-side PP + spec without the fix in-process, in well under a second."""
+    import time
+
+    from kit import engine, pd
+    from kit.topology import Topology, TopologyError
+
+    t = Topology(model="tiny-mimo", random_weights=True, pp=2, spec="mtp:1")
+    t0 = time.monotonic()
+    with pytest.raises(TopologyError, match="only supported on the\\s+prefill side"):
+        engine.run(t, [], env={"KIT_PATCHES": "all,-pp_spec_token_history"})
+    with pytest.raises(TopologyError, match="refused by the kit before starting vLLM"):
+        engine.Server(t, env={"KIT_PATCHES": "decode_side_pp_spec_rule"}).start()
+    # A consumer PP=2 + MTP without the fix: refused when the pair is built; the producer side is allowed.
+    with pytest.raises(TopologyError, match="prefill side"):
+        pd.PDPair(Topology(model="tiny-mimo", random_weights=True, pp=1), t, env={"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
+    engine.precheck(t.with_(pd_role="producer", connector="nixl-push"), {"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
+    # With the fix active (default), or with the rule itself off, nothing is refused.
+    engine.precheck(t, {})
+    engine.precheck(t, {"KIT_PATCHES": "none"})
+    assert time.monotonic() - t0 < 5

@@ -17,8 +17,9 @@ Turn off: ``KIT_PATCHES=all,-decode_side_pp_spec_rule``.
 from __future__ import annotations
 
 import functools
+import os
 
-from . import Patch, is_active, register
+from . import Patch, is_active, register, selected_names
 
 CORRECTNESS_PATCHES = ("pp_spec_schedule_gate", "pp_spec_token_history")
 
@@ -27,15 +28,32 @@ def correctness_fix_active() -> bool:
     return all(is_active(n) for n in CORRECTNESS_PATCHES)
 
 
-def check(pp: int, has_spec: bool, kv_role: str | None) -> None:
-    """Raise the seed's ValueError for decode-side PP + speculation without the correctness fix."""
-    if pp > 1 and has_spec and kv_role != "kv_producer" and not correctness_fix_active():
-        raise ValueError(
-            f"Speculative decoding (MTP/Eagle) with pipeline_parallel_size={pp} is only supported on the "
+def message(pp: int) -> str:
+    return (f"Speculative decoding (MTP/Eagle) with pipeline_parallel_size={pp} is only supported on the "
             "prefill side of a PD deployment (kv_role='kv_producer'): on the decode side the draft "
             "verification loop cannot coordinate draft tokens across pipeline stages and gives wrong "
             "tokens. Use data parallelism + MTP on the decode side, or enable the ppmtp-kit correctness "
             f"patches ({', '.join(CORRECTNESS_PATCHES)}).")
+
+
+def check(pp: int, has_spec: bool, kv_role: str | None) -> None:
+    """Raise the seed's ValueError for decode-side PP + speculation without the correctness fix."""
+    if pp > 1 and has_spec and kv_role != "kv_producer" and not correctness_fix_active():
+        raise ValueError(message(pp))
+
+
+def check_before_start(pp: int, has_spec: bool, pd_role: str | None, kit_patches: str | None) -> None:
+    """The same rule, checked by the kit before it starts any process for a topology.
+
+    ``kit_patches`` is the ``KIT_PATCHES`` value the vLLM processes will see (None: this process's).
+    Only applies when the rule itself is selected (as it would be inside vLLM).
+    """
+    names = selected_names(kit_patches)
+    if "decode_side_pp_spec_rule" not in names:
+        return
+    if pp > 1 and has_spec and pd_role != "producer" and not all(n in names for n in CORRECTNESS_PATCHES):
+        sel = kit_patches if kit_patches is not None else os.environ.get("KIT_PATCHES", "all")
+        raise ValueError(f"{message(pp)} (refused by the kit before starting vLLM; KIT_PATCHES={sel!r})")
 
 
 def _needed() -> "bool | str":
