@@ -490,6 +490,43 @@ class PDPair:
             last = key if done else None
             time.sleep(0.3)
 
+    # -- liveness ----------------------------------------------------------------------------------
+    def dead_servers(self) -> dict[str, str]:
+        """``{role: what died + root cause}`` for servers whose process or a vLLM child has died."""
+        out = {}
+        for role, srv in (("producer", self.producer), ("consumer", self.consumer)):
+            proc = srv.proc if srv is not None else None
+            if proc is None:
+                continue
+            dead = None if proc.alive() else f"exited with code {proc.popen.returncode}"
+            dead = dead or (f"a vLLM process died: {c}" if (c := proc.check_children()) else None)
+            if dead:
+                out[role] = str(proc.fail(dead))
+        return out
+
+    def _watched(self, what: str, fn, *args):
+        """Run an HTTP call while watching both servers: a dead server ends the wait at once (within ~1 s)
+        with its root cause, instead of leaving the caller until the request timeout."""
+        box: dict[str, Any] = {}
+
+        def target():
+            try:
+                box["value"] = fn(*args)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = e
+
+        th = threading.Thread(target=target, daemon=True, name=f"pd-{what}")
+        th.start()
+        while th.is_alive():
+            th.join(1.0)
+            if th.is_alive():
+                dead = self.dead_servers()
+                if dead:
+                    raise PDError(f"{what} abandoned: the " + "; the ".join(f"{r} died ({m})" for r, m in dead.items()))
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
     # -- the router ------------------------------------------------------------------------------
     def complete(self, prompt: str, max_tokens: int = 32, stream: bool = False, index: int = 0,
                  request_id: str | None = None) -> PDRequest:
@@ -502,7 +539,8 @@ class PDPair:
             pbody = {"model": self.model_name["producer"], "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
                      "ignore_eos": True, "return_token_ids": True, "stream": False,
                      "kv_transfer_params": dict(PRODUCER_KV_PARAMS)}
-            pres = _post_json(self.producer, "/v1/completions", pbody, headers, self.request_timeout, "producer")
+            pres = self._watched("producer prefill", _post_json, self.producer, "/v1/completions", pbody, headers,
+                                 self.request_timeout, "producer")
             t1 = time.monotonic()
             rec.producer_prefill_s = round(t1 - t0, 4)
             ch = pres["choices"][0]
@@ -518,14 +556,16 @@ class PDPair:
                      "kv_transfer_params": kvp}
             if stream:
                 cbody["stream_options"] = {"include_usage": True}
-                out = _post_stream(self.consumer, "/v1/completions", cbody, headers, self.request_timeout)
+                out = self._watched("consumer decode", _post_stream, self.consumer, "/v1/completions", cbody, headers,
+                                    self.request_timeout)
                 rec.consumer_ttft_s = round(out["first_token_time"] - t1, 4) if out["first_token_time"] else None
                 rec.token_ids, rec.text, rec.finish_reason = out["token_ids"], out["text"], out["finish_reason"]
                 metrics = out.get("metrics")
                 if rec.prompt_token_ids is None:
                     rec.prompt_token_ids = out.get("prompt_token_ids")
             else:
-                cres = _post_json(self.consumer, "/v1/completions", cbody, headers, self.request_timeout, "consumer")
+                cres = self._watched("consumer decode", _post_json, self.consumer, "/v1/completions", cbody, headers,
+                                     self.request_timeout, "consumer")
                 cch = cres["choices"][0]
                 rec.token_ids = list(cch.get("token_ids") or [])
                 rec.text, rec.finish_reason = cch.get("text", ""), cch.get("finish_reason")

@@ -113,3 +113,77 @@ def test_twenty_starts_and_stops_leave_nothing(no_leftovers):
         else:
             engine.generate(t, PROMPTS, max_tokens=4)
         assert not leftover_vllm_processes(owner=os.getpid()), (i, leftover_vllm_processes(owner=os.getpid()))
+
+
+# -- PD fault injection -----------------------------------------------------------------------------
+
+def _pd_pair():
+    from kit import pd
+
+    p, c = pd.pd_topologies(MODEL, 1, None, 1, None, random_weights=True)
+    return pd, p, c
+
+
+def _kill_server_tree(srv) -> None:
+    for p in srv.proc.tree():
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+
+
+def _plain_completion(srv, prompt: str, max_tokens: int) -> list[int]:
+    """A request without kv_transfer_params: the server computes it alone (a PD server also serves these)."""
+    from kit.pd import _model_id, _post_json
+
+    body = {"model": _model_id(srv), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "return_token_ids": True}
+    return _post_json(srv, "/v1/completions", body, {}, 120, srv.name)["choices"][0]["token_ids"]
+
+
+@pytest.mark.pd
+def test_pd_faults_are_reported_fast_and_survivors_keep_serving(no_leftovers):
+    """Consumer killed mid-decode, then (a new pair) producer killed after prefill: each time the caller gets a
+    PDError naming the dead server within 30 s, and the surviving server answers the next request with the
+    reference's tokens."""
+    from kit.engine import generate
+
+    pd, p, c = _pd_pair()
+    ref = generate(c.reference(), PROMPTS, max_tokens=48)
+
+    # 1. the consumer dies mid-decode (streaming, long output)
+    with pd.PDPair(p, c) as pair:
+        ok = pair.complete(PROMPTS[0], max_tokens=48)
+        assert ok.error is None and ok.token_ids == ref.token_ids[0], ok.error
+        killed = []
+
+        def kill_later():
+            time.sleep(2.0)
+            killed.append(time.monotonic())
+            _kill_server_tree(pair.consumer)
+
+        threading.Thread(target=kill_later, daemon=True).start()
+        rec = pair.complete(PROMPTS[1], max_tokens=1000, stream=True)
+        assert rec.error and "consumer" in rec.error and ("died" in rec.error or "failed" in rec.error), rec.error
+        assert killed and time.monotonic() - killed[0] < 30
+        # The producer survives and still serves correctly.
+        assert _plain_completion(pair.producer, PROMPTS[1], 48) == ref.token_ids[1]
+
+    # 2. the producer dies after the prefill, before the consumer reads its KV
+    with pd.PDPair(p, c) as pair:
+        orig = pair._watched
+
+        def watched(what, fn, *args):
+            out = orig(what, fn, *args)
+            if what == "producer prefill":
+                _kill_server_tree(pair.producer)
+            return out
+
+        pair._watched = watched
+        t0 = time.monotonic()
+        rec = pair.complete(PROMPTS[0], max_tokens=16)
+        assert rec.error and "producer died" in rec.error, rec.error
+        assert time.monotonic() - t0 < 60
+        pair._watched = orig
+        # The consumer survives and computes a plain request itself, correctly.
+        assert _plain_completion(pair.consumer, PROMPTS[0], 48) == ref.token_ids[0]
