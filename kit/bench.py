@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compiled", action="store_true")
     ap.add_argument("--patch-cost", action="store_true",
                     help="also PP=1 and PP=2 no-spec decode speed with KIT_PATCHES=none, side by side")
+    ap.add_argument("--startup", action="store_true",
+                    help="also PP=2 no-spec start time eager vs compiled, side by side")
+    ap.add_argument("--only-extras", action="store_true", help="skip the PP x spec grid (just --patch-cost/--startup)")
     ap.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
     args = ap.parse_args(argv)
     others = leftover_vllm_processes()
@@ -88,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     prompts = load_prompts(limit=args.prompts)
     cases = []
-    for pp in [int(x) for x in args.pp.split(",")]:
+    for pp in ([] if args.only_extras else [int(x) for x in args.pp.split(",")]):
         for spec in args.spec.split(","):
             cases.append((f"pp{pp} {spec}", Topology(model=args.model, random_weights=args.random, pp=pp,
                                                      spec=None if spec == "none" else spec,
@@ -100,25 +103,38 @@ def main(argv: list[str] | None = None) -> int:
             # Stock vLLM cannot run eager PP=2 at all (intermediate buffers): keep that one fix.
             off = "eager_pp_intermediate_buffers" if pp > 1 and not args.compiled else "none"
             cases.append((f"pp{pp} none [KIT_PATCHES={off}]", t, {"KIT_PATCHES": off}))
+    if args.startup:
+        for eager in (True, False):
+            t = Topology(model=args.model, random_weights=args.random, pp=2, enforce_eager=eager)
+            cases.append((f"pp2 none [{'eager' if eager else 'compiled'}]", t, None))
     print(f"# kit bench — {time.strftime('%Y-%m-%d')} — {machine()}")
     print(f"# model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
           f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, median (min–max) of {args.repeats}\n")
     print("| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd | peak RSS MiB (largest process) |")
     print("|---|---|---|---|---|---|---|")
-    for label, topo, env in cases:
-        runs = []
-        for _ in range(args.repeats):
+    # Round-robin over the cases (repeat 1 of every case, then repeat 2, ...): slow drifts of a shared
+    # machine then hit every case alike instead of whichever ran last.
+    runs: dict[str, list[dict]] = {label: [] for label, _, _ in cases}
+    failed: dict[str, str] = {}
+    for rep in range(args.repeats):
+        for label, topo, env in cases:
+            if label in failed:
+                continue
             try:
-                runs.append(measure(topo, prompts, args.max_tokens, env=env))
-            except Exception as e:
-                print(f"| {label} | failed: {str(e).splitlines()[0][:100]} |||||| ", flush=True)
-                break
-        if not runs:
+                runs[label].append(measure(topo, prompts, args.max_tokens, env=env))
+            except Exception as e:  # noqa: BLE001 - a failed case is a row
+                failed[label] = str(e).splitlines()[0][:100]
+            print(f"[bench] {label} repeat {rep + 1}: {'failed' if label in failed else 'ok'}", file=sys.stderr, flush=True)
+    for label, _, _ in cases:
+        rs = runs[label]
+        if label in failed:
+            print(f"| {label} | failed: {failed[label]} |||||| ", flush=True)
+        if not rs:
             continue
-        rss = max((max(r["peak_rss_mib"].values(), default=0) for r in runs), default=0)
-        print(f"| {label} | {_stat([r['start_s'] for r in runs], '{:.1f}')} | {_stat([r['ttft_s'] for r in runs], '{:.3f}')} "
-              f"| {_stat([r['decode_tok_s'] for r in runs], '{:.1f}')} | {_stat([r['mean_accept_len'] for r in runs])} "
-              f"| {_stat([r['tokens_per_target_forward'] for r in runs])} | {rss} |", flush=True)
+        rss = max((max(r["peak_rss_mib"].values(), default=0) for r in rs), default=0)
+        print(f"| {label} | {_stat([r['start_s'] for r in rs], '{:.1f}')} | {_stat([r['ttft_s'] for r in rs], '{:.3f}')} "
+              f"| {_stat([r['decode_tok_s'] for r in rs], '{:.1f}')} | {_stat([r['mean_accept_len'] for r in rs])} "
+              f"| {_stat([r['tokens_per_target_forward'] for r in rs])} | {rss} |", flush=True)
     return 0
 
 
