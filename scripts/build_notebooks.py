@@ -391,8 +391,8 @@ NB["04_pd_kv_handoff"] = [
     md("""
 # PD disaggregation: what moves from the prefill server to the decode server?
 
-**The question:** a *producer* server (here PP=2 with an MTP drafter) computes a prompt's KV cache and hands it
-to a *consumer* server (PP=1, also with MTP) that decodes. What exactly travels — which layers, how many
+**The question:** a *producer* server (with an MTP drafter) computes a prompt's KV cache and hands it
+to a *consumer* server (also with MTP) that decodes. What exactly travels — which layers, how many
 blocks and bytes — and are the consumer's tokens still exactly those of one plain engine (PP=1, no speculation)?
 
 Everything below is real: two `vllm` OpenAI servers on loopback, vLLM's NIXL connector with its CPU buffer,
@@ -402,7 +402,7 @@ and the kit's router doing the two-step request flow (prefill with `do_remote_de
     code("""
 MODEL = "tiny-mimo"
 RANDOM_WEIGHTS = False
-PRODUCER_PP = 2
+PRODUCER_PP = 1          # PP=2 + MTP on the producer fails in vLLM 0.32's NIXL connector: see below
 PRODUCER_SPEC = "mtp:2"
 CONSUMER_PP = 1
 CONSUMER_SPEC = "mtp:2"
@@ -481,6 +481,18 @@ if producer.spec and consumer.spec:
 print("claims hold: identical tokens, no prompt token recomputed, every byte accounted for")
 """),
     md("""
+## What does not run on vLLM 0.32 (CPU), observed
+- **Producer PP=2 + MTP** (the seed's scenario): the producer's last PP worker fails when the NIXL connector
+  registers its KV regions: `assert num_local_layers > 0 and self.num_regions % num_local_layers == 0`
+  (`nixl/base_worker.py`). The last rank holds its 2 target layers *plus* the MTP layer's KV (3 regions for
+  2 "local layers"), and the connector's per-layer region arithmetic for PP does not count the drafter's layer.
+  Without MTP, producer PP=2 -> consumer PP=1 runs (push connector).
+- **Consumer PP=2** with a PP=1 producer needs the push connector (pull asserts equal layer counts), and
+  `NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1.`
+- **MTP on the consumer only**: the two sides' KV layouts differ (the consumer has one more layer) and the
+  handshake refuses: `NIXL compatibility hash mismatch ... Prefill and decode instances have incompatible
+  configurations`.
+
 ## The decode-side rule
 The seed PR forbids MTP with PP>1 on a decode (consumer) server, because stock vLLM's PP + speculation
 produces wrong tokens. With the kit's correctness patches active it is allowed (and verified above for the

@@ -156,6 +156,9 @@ def test_router_streaming_and_concurrent_requests(no_leftovers):
 
 @pytest.mark.engine
 @pytest.mark.pd
+@pytest.mark.xfail(strict=True, reason="vLLM 0.32 NIXL: producer PP=2 + MTP fails registering KV regions on the last "
+                   "rank (assert self.num_regions % num_local_layers == 0, nixl/base_worker.py): the MTP layer's "
+                   "region is not counted as a local layer. Observed 2026-12-01 with scripts/pd_check.py.")
 def test_pp2_mtp_producer_to_pp1_consumer_is_token_identical(tmp_path, no_leftovers):
     """The seed scenario: PP=2 + MTP k=2 on the prefill side, PP=1 decode. Push connector (heterogeneous PP)."""
     m, r = _model()
