@@ -35,6 +35,9 @@ class ProcessFailed(RuntimeError):
         self.cause_lines = cause_lines or []
 
 
+# vLLM colours its log lines when it thinks a terminal is attached (e.g. under a Jupyter kernel, which
+# sets CLICOLOR/FORCE_COLOR-style variables): strip the escapes before matching.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _PREFIX = re.compile(r"^\((?P<proc>[^)]*pid=\d+)\)\s+(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\]\s?)?")
 _EXC_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
 _SIGNALS = re.compile(r"(SIGILL|SIGSEGV|SIGKILL|Illegal instruction|Segmentation fault|core dumped|out of memory|"
@@ -53,6 +56,7 @@ def root_cause(log_path: Path | None, max_lines: int = 20) -> list[str]:
         return []
     clean = []
     for line in Path(log_path).read_text(errors="replace").splitlines():
+        line = _ANSI.sub("", line)
         m = _PREFIX.match(line)
         clean.append((m.group("proc") if m else "", _PREFIX.sub("", line)))
     picked: list[str] = []

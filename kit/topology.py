@@ -236,7 +236,8 @@ class Topology:
 
     def env(self) -> dict[str, str]:
         """Environment for every vLLM process of this topology."""
-        env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TOKENIZERS_PARALLELISM": "false"}
+        env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TOKENIZERS_PARALLELISM": "false",
+               "NO_COLOR": "1", "VLLM_LOGGING_COLOR": "0"}  # plain logs: root causes are parsed from them
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = _fmt_num(self.kv_cache_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(self.pp * self.tp)
