@@ -144,8 +144,7 @@ def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: boo
         raise TopologyError("a PD consumer needs its producer: start the two together with kit.pd.PDPair "
                             "(or `kit pd`), not as a single engine or server")
     try:
-        check_before_start(topology.pp, topology.spec is not None, topology.pd_role,
-                           env.get("KIT_PATCHES", os.environ.get("KIT_PATCHES", "all")))
+        check_before_start(topology.pp, topology.spec is not None, topology.pd_role, env.get("KIT_PATCHES"))
     except ValueError as e:
         raise TopologyError(str(e)) from None
 
@@ -257,7 +256,8 @@ class Server:
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
         env = dict(self.topology.env())
         env.update(self.env)
-        precheck(self.topology, env, in_pair=self.in_pair)
+        if not self.in_pair:  # a PDPair checks both of its topologies before starting either server
+            precheck(self.topology, env)
         if not port_is_free(self.port):
             raise TopologyError(f"port {self.port} on 127.0.0.1 is in use: pick another (or leave port=None "
                                 "for a free one)")

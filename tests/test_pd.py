@@ -41,6 +41,19 @@ PROMPTS = [
 ]
 
 
+def _pd_run(tmp_path, producer_pp, producer_spec, consumer_pp, consumer_spec, prompts, **kw):
+    """One pair through ``pd_compare`` (result kept in tmp_path) with the checks every PD test makes:
+    no request errors, tokens identical to the reference, the handoff worked. Returns (producer, result)."""
+    m, r = _model()
+    p, c = pd.pd_topologies(m, producer_pp, producer_spec, consumer_pp, consumer_spec, random_weights=r)
+    d = pd.pd_compare(p, c, prompts, max_tokens=16, log_dir=tmp_path / "logs", **kw)
+    (tmp_path / "result.json").write_text(json.dumps(d, indent=1))
+    assert not d["errors"], d["errors"]
+    assert d["identical"], d["first_divergence"]
+    assert d["handoff_ok"], d["handoff_checks"]
+    return p, d
+
+
 # -- no engine -------------------------------------------------------------------------------------
 
 def test_connector_choice_and_reason():
@@ -161,17 +174,11 @@ def test_router_streaming_and_concurrent_requests(no_leftovers):
                    "region is not counted as a local layer. Observed 2026-12-01 with scripts/pd_check.py.")
 def test_pp2_mtp_producer_to_pp1_consumer_is_token_identical(tmp_path, no_leftovers):
     """The seed scenario: PP=2 + MTP k=2 on the prefill side, PP=1 decode. Push connector (heterogeneous PP)."""
-    m, r = _model()
-    p, c = pd.pd_topologies(m, 2, "mtp:2", 1, None, random_weights=r)
-    d = pd.pd_compare(p, c, PROMPTS[:3], max_tokens=16, log_dir=tmp_path / "logs")
-    (tmp_path / "result.json").write_text(json.dumps(d, indent=1))
+    _, d = _pd_run(tmp_path, 2, "mtp:2", 1, None, PROMPTS[:3])
     assert d["connector"] == "nixl-push"
-    assert not d["errors"], d["errors"]
-    assert d["identical"], d["first_divergence"]
     assert d["consumer_prefill_tokens_computed"] == 0
     assert d["kv_failed_transfers"] == 0
     assert d["kv_bytes_transferred"] == d["kv_bytes_expected"], (d["kv_bytes_transferred"], d["kv_expected"])
-    assert d["handoff_ok"], d["handoff_checks"]
 
 
 @pytest.mark.engine
@@ -179,13 +186,8 @@ def test_pp2_mtp_producer_to_pp1_consumer_is_token_identical(tmp_path, no_leftov
 @pytest.mark.slow
 def test_pp2_producer_to_pp1_consumer_push_streaming(tmp_path, no_leftovers):
     """Heterogeneous PP without a drafter (push): streaming, 4 at once, token-identical, all KV moved."""
-    m, r = _model()
-    p, c = pd.pd_topologies(m, 2, None, 1, None, random_weights=r)
-    d = pd.pd_compare(p, c, PROMPTS, max_tokens=16, stream=True, concurrency=4, log_dir=tmp_path / "logs")
+    _, d = _pd_run(tmp_path, 2, None, 1, None, PROMPTS, stream=True, concurrency=4)
     assert d["connector"] == "nixl-push" and d["transfer_recorded_by"] == "producer"
-    assert not d["errors"], d["errors"]
-    assert d["identical"], d["first_divergence"]
-    assert d["handoff_ok"], d["handoff_checks"]
 
 
 @pytest.mark.engine
@@ -193,12 +195,7 @@ def test_pp2_producer_to_pp1_consumer_push_streaming(tmp_path, no_leftovers):
 @pytest.mark.slow
 def test_mtp_on_both_sides_moves_the_mtp_layer(tmp_path, no_leftovers):
     """PP=1 + MTP -> PP=1 + MTP (pull): the MTP layer's KV moves too; the consumer's drafts are counted."""
-    m, r = _model()
-    p, c = pd.pd_topologies(m, 1, "mtp:2", 1, "mtp:2", random_weights=r)
-    d = pd.pd_compare(p, c, PROMPTS[:3], max_tokens=16, log_dir=tmp_path / "logs")
+    p, d = _pd_run(tmp_path, 1, "mtp:2", 1, "mtp:2", PROMPTS[:3])
     assert d["connector"] == "nixl"
-    assert not d["errors"], d["errors"]
-    assert d["identical"], d["first_divergence"]
     assert len(d["kv_expected"]["layers"]) == p.info.num_layers + p.info.num_mtp_layers
-    assert d["handoff_ok"], d["handoff_checks"]
     assert d["consumer_spec"]["num_drafts"] > 0

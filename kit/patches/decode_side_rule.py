@@ -36,9 +36,14 @@ def message(pp: int) -> str:
             f"patches ({', '.join(CORRECTNESS_PATCHES)}).")
 
 
+def refused(pp: int, has_spec: bool, producer: bool, fix_active: bool) -> bool:
+    """The rule itself: decode-side (non-producer) PP > 1 + speculation without the correctness fix."""
+    return pp > 1 and has_spec and not producer and not fix_active
+
+
 def check(pp: int, has_spec: bool, kv_role: str | None) -> None:
     """Raise the seed's ValueError for decode-side PP + speculation without the correctness fix."""
-    if pp > 1 and has_spec and kv_role != "kv_producer" and not correctness_fix_active():
+    if refused(pp, has_spec, kv_role == "kv_producer", correctness_fix_active()):
         raise ValueError(message(pp))
 
 
@@ -51,7 +56,7 @@ def check_before_start(pp: int, has_spec: bool, pd_role: str | None, kit_patches
     names = selected_names(kit_patches)
     if "decode_side_pp_spec_rule" not in names:
         return
-    if pp > 1 and has_spec and pd_role != "producer" and not all(n in names for n in CORRECTNESS_PATCHES):
+    if refused(pp, has_spec, pd_role == "producer", all(n in names for n in CORRECTNESS_PATCHES)):
         sel = kit_patches if kit_patches is not None else os.environ.get("KIT_PATCHES", "all")
         raise ValueError(f"{message(pp)} (refused by the kit before starting vLLM; KIT_PATCHES={sel!r})")
 
