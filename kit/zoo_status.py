@@ -65,7 +65,9 @@ def probe(p: Probe, timeout: float = 600.0) -> dict:
 
 
 def table(rows: list[tuple[Probe, dict]]) -> str:
-    out = [f"Observed {time.strftime('%Y-%m-%d')} with `python -m kit.zoo_status` (vLLM 0.32.0 CPU, PP=1, eager, "
+    from .bench import machine
+
+    out = [f"Observed {time.strftime('%Y-%m-%d')} on {machine()} with `python -m kit.zoo_status` (vLLM 0.32.0 CPU, PP=1, eager, "
            "seeded random weights, greedy, 2 prompts x 16 tokens, the kit's patches on):", "",
            "| model | family | spec | dtype / settings | result |", "|---|---|---|---|---|"]
     for p, r in rows:
