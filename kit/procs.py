@@ -3,8 +3,8 @@
 Every vLLM run the kit starts is a subprocess in a new session (its own process group), so the
 whole tree (engine core, PP workers, ``resource_tracker``) can be ended together. Teardown sends
 SIGTERM, waits a grace period, then SIGKILL: stock vLLM workers and the resource tracker ignore
-SIGTERM after a failure (findings note). The child also ends its own group when its parent dies
-(see :mod:`kit.runner`), and :func:`kill_all` runs at interpreter exit.
+SIGTERM after a failure (findings note). Each command runs under :mod:`kit.guard`, which ends the
+group when the kit's process dies without its teardown, and :func:`kill_all` runs at interpreter exit.
 """
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ import weakref
 from pathlib import Path
 
 import psutil
+
+from .guard import command as guard_command
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 
@@ -100,7 +102,8 @@ class ManagedProcess:
             full_env.update(env)
         full_env["KIT_PARENT_PID"] = str(os.getpid())
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.popen = subprocess.Popen(cmd, env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+        # Under kit.guard: if this process dies without its teardown, the guard still ends the tree.
+        self.popen = subprocess.Popen(guard_command(cmd), env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, start_new_session=True,
                                       preexec_fn=_set_pdeathsig)
         if out is not subprocess.DEVNULL:

