@@ -169,9 +169,11 @@ def test_router_streaming_and_concurrent_requests(no_leftovers):
 
 @pytest.mark.engine
 @pytest.mark.pd
-@pytest.mark.xfail(strict=True, reason="vLLM 0.32 NIXL: producer PP=2 + MTP fails registering KV regions on the last "
-                   "rank (assert self.num_regions % num_local_layers == 0, nixl/base_worker.py): the MTP layer's "
-                   "region is not counted as a local layer. Observed 2026-12-01 with scripts/pd_check.py.")
+@pytest.mark.xfail(strict=True, reason="vLLM 0.32 NIXL push on 2 CPU cores: with the kit's nixl_pp_draft_regions patch "
+                   "the PP=2 + MTP producer starts, but the consumer's side-channel handshake misses its 5 s deadline "
+                   "(zmq.error.Again) while NIXL's progress threads spin (pthrDelay=0, one core each) and the "
+                   "producer's lease expires; a non-zero delay made the second push WRITE block in postXferReq. "
+                   "Observed 2026-12-01 (session 3).")
 def test_pp2_mtp_producer_to_pp1_consumer_is_token_identical(tmp_path, no_leftovers):
     """The seed scenario: PP=2 + MTP k=2 on the prefill side, PP=1 decode. Push connector (heterogeneous PP)."""
     _, d = _pd_run(tmp_path, 2, "mtp:2", 1, None, PROMPTS[:3])
@@ -179,6 +181,30 @@ def test_pp2_mtp_producer_to_pp1_consumer_is_token_identical(tmp_path, no_leftov
     assert d["consumer_prefill_tokens_computed"] == 0
     assert d["kv_failed_transfers"] == 0
     assert d["kv_bytes_transferred"] == d["kv_bytes_expected"], (d["kv_bytes_transferred"], d["kv_expected"])
+
+
+@pytest.mark.engine
+@pytest.mark.pd
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_pp2_mtp_producer_registers_its_mtp_region(tmp_path, no_leftovers, patched):
+    """Patch nixl_pp_draft_regions: without it a PP=2 + MTP producer dies registering its KV with NIXL
+    (the last rank holds 2 target layers + the MTP layer = 3 regions, divided by 2 local layers); with it
+    both servers start and the producer's last rank slices the consumer's regions at the right offset."""
+    from kit.procs import ProcessFailed
+
+    m, r = _model()
+    p, c = pd.pd_topologies(m, 2, "mtp:2", 1, "mtp:2", random_weights=r)
+    env = {} if patched else {"KIT_PATCHES": "all,-nixl_pp_draft_regions"}
+    pair = pd.PDPair(p, c, env=env, warmup=False, log_dir=tmp_path / "logs")
+    if patched:
+        with pair:
+            assert pair.connector == "nixl-push"
+        assert "num_regions % num_local_layers" not in (tmp_path / "logs" / "producer.log").read_text()
+    else:
+        with pytest.raises((pd.PDError, ProcessFailed, RuntimeError)) as e:
+            with pair:
+                pass
+        assert "num_regions % num_local_layers == 0" in str(e.value) + (tmp_path / "logs" / "producer.log").read_text()
 
 
 @pytest.mark.engine
