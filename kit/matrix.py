@@ -25,6 +25,9 @@ class Cell:
     eager: bool = True
     max_num_seqs: int | None = None
     fast: bool = False  # part of the CI subset
+    # PP of the no-spec reference. 1 everywhere, except where PP itself changes greedy tokens at near-ties
+    # (random DeepSeek MLA weights): a second cell against the same-PP, no-spec engine isolates speculation.
+    ref_pp: int = 1
 
     @property
     def id(self) -> str:
@@ -34,6 +37,8 @@ class Cell:
             s += "-compiled"
         if self.max_num_seqs:
             s += f"-seqs{self.max_num_seqs}"
+        if self.ref_pp != 1:
+            s += f"-vs-pp{self.ref_pp}-nospec"
         return s
 
     def topology(self) -> Topology:
@@ -63,6 +68,7 @@ CELLS.append(Cell("tiny-mimo", False, 2, "mtp:2", eager=False))
 CELLS.append(Cell("tiny-mimo", True, 2, "mtp:2", eager=False))
 for pp in (2,):
     CELLS.append(Cell("tiny-deepseek-v3", True, pp, "mtp:2"))
+    CELLS.append(Cell("tiny-deepseek-v3", True, pp, "mtp:2", ref_pp=pp))
     CELLS.append(Cell("tiny-llama-swa", True, pp, "eagle3:2"))
     CELLS.append(Cell("tiny-glm4-moe", True, pp, "mtp:2"))
 
@@ -70,9 +76,9 @@ for pp in (2,):
 _REFS: dict[tuple, GenerationResult] = {}
 
 
-def reference_for(topology: Topology, prompts: list[str], max_tokens: int) -> GenerationResult:
-    """The PP=1 no-spec reference for a topology's model and weights (cached per process)."""
-    ref = topology.reference().with_(max_num_seqs=None)
+def reference_for(topology: Topology, prompts: list[str], max_tokens: int, ref_pp: int = 1) -> GenerationResult:
+    """The no-spec reference (PP=1 unless ``ref_pp``) for a topology's model and weights (cached per process)."""
+    ref = topology.reference().with_(max_num_seqs=None, pp=ref_pp)
     key = (ref.label(), ref.seed, ref.dtype, tuple(prompts), max_tokens)
     if key not in _REFS:
         _REFS[key] = generate(ref, prompts, max_tokens=max_tokens, top2=True)
@@ -81,7 +87,7 @@ def reference_for(topology: Topology, prompts: list[str], max_tokens: int) -> Ge
 
 def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS) -> Comparison:
     prompts = prompts or load_prompts(limit=NUM_PROMPTS)
-    ref = reference_for(cell.topology(), prompts, max_tokens)
+    ref = reference_for(cell.topology(), prompts, max_tokens, ref_pp=cell.ref_pp)
     return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref)
 
 
