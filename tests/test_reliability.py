@@ -63,8 +63,9 @@ def test_dead_worker_is_reported_within_30s(no_leftovers):
                               daemon=True)
     killer.start()
     with pytest.raises(engine.EngineError) as e:
-        # Long enough that the kill lands while generating.
-        engine.generate(t, PROMPTS * 4, max_tokens=900, timeout=600)
+        # Long enough that the kill lands while generating (8 x 900 tokens took only seconds once the engine
+        # decoded at ~1000 tok/s, and the kill missed it).
+        engine.generate(t, PROMPTS * 32, max_tokens=900, timeout=600)
     stop.set()
     msg = str(e.value)
     assert "Worker_PP1" in msg and "died" in msg, msg
