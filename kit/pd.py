@@ -524,6 +524,12 @@ class PDPair:
                 if dead:
                     raise PDError(f"{what} abandoned: the " + "; the ".join(f"{r} died ({m})" for r, m in dead.items()))
         if "error" in box:
+            # The call failed: if a server is gone, that is the root cause (a consumer whose producer died after
+            # the prefill answers a plain HTTP 500), so name it.
+            dead = self.dead_servers()
+            if dead:
+                raise PDError(f"{what} failed ({type(box['error']).__name__}: {box['error']}): the "
+                              + "; the ".join(f"{r} died ({m})" for r, m in dead.items())) from box["error"]
             raise box["error"]
         return box["value"]
 
