@@ -101,16 +101,27 @@ def test_caller_killed_leaves_no_vllm_process(tmp_path, no_leftovers):
 
 @pytest.mark.slow
 def test_twenty_starts_and_stops_leave_nothing(no_leftovers):
+    """20 cycles: in-process engines (PP=1 and PP=2), `vllm serve` servers, and engines killed mid-request;
+    after each cycle no vLLM process of this test is left."""
     for i in range(20):
         t = Topology(model=MODEL, random_weights=True, pp=1 + (i % 2))
-        if i % 4 == 3:
+        if i % 4 == 3:  # a worker killed mid-request
             stop = threading.Event()
-            th = threading.Thread(target=_kill_when_generating, args=("VLLM::Worker", stop, time.time() - 1),
-                                  daemon=True)
+            killed: list = []
+            th = threading.Thread(target=_kill_when_generating,
+                                  args=("VLLM::Worker", stop, time.time() - 1, killed), daemon=True)
             th.start()
             with pytest.raises(engine.EngineError):
-                engine.generate(t, PROMPTS * 4, max_tokens=900, timeout=600)
+                # Long enough that the kill lands while generating (see the dead-worker test).
+                engine.generate(t, PROMPTS * 32, max_tokens=900, timeout=600)
             stop.set()
+            assert killed, i
+        elif i % 4 == 1:  # a server: start, one request, stop
+            with engine.Server(t) as srv:
+                from kit.pd import _model_id
+
+                body = {"model": _model_id(srv), "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0.0}
+                assert srv.post("/v1/completions", body)["choices"][0]["text"] is not None
         else:
             engine.generate(t, PROMPTS, max_tokens=4)
         assert not leftover_vllm_processes(owner=os.getpid()), (i, leftover_vllm_processes(owner=os.getpid()))
