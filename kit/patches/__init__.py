@@ -43,6 +43,9 @@ class Patch:
     where: str = "worker"
     # Patches off by default: used only to reproduce old behaviour for teaching.
     teaching_only: bool = False
+    # Nothing to apply (the fix is upstream; the entry reports it): not evaluated at plugin load, where its
+    # detection would cost every vLLM process start-up time (draft_pp_gate: ~1.3 s), only by report/doctor.
+    report_only: bool = False
     applied: bool = field(default=False, init=False)
 
     def status(self, selected: bool) -> str:
@@ -149,6 +152,8 @@ def apply_selected() -> list[str]:
     done = []
     for name in names:
         p = reg[name]
+        if p.report_only:
+            continue
         if not p.applied and p.needed() is True:
             p.apply()
             p.applied = True

@@ -52,6 +52,7 @@ register(Patch(
     upstream="vLLM issue #52069, PR #52117",
     targets="vLLM < 0.32",
     apply=_noop,
+    report_only=True,
     needed=_draft_pp_gate_needed,
     where="front end (config)",
 ))
@@ -61,6 +62,7 @@ register(Patch(
     upstream="vLLM #46003 (seed PR)",
     targets="vLLM < 0.32",
     apply=_noop,
+    report_only=True,
     needed=_eagle3_needed,
 ))
 register(Patch(
@@ -69,6 +71,7 @@ register(Patch(
     upstream="vLLM #46003 (seed PR)",
     targets="vLLM < 0.32",
     apply=_noop,
+    report_only=True,
     needed=_qwen35_needed,
 ))
 
