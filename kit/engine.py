@@ -175,19 +175,16 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
         while True:
             if out.exists():
                 break
-            if not proc.alive():
-                time.sleep(0.2)
-                if out.exists():
-                    break
-                raise proc.fail(f"exited with code {proc.popen.returncode} before finishing")
-            dead = proc.check_children()
-            if dead:
+            alive = proc.alive()
+            dead = proc.check_children() if alive else None
+            if not alive or dead:
                 # The runner writes its result and leaves at once; its guard then ends the engine core and
                 # workers. A death seen just after the result landed is that teardown, not a failure.
                 time.sleep(0.2)
                 if out.exists():
                     break
-                raise proc.fail(f"a vLLM process died: {dead}")
+                raise proc.fail(f"a vLLM process died: {dead}" if dead else
+                                f"exited with code {proc.popen.returncode} before finishing")
             if time.monotonic() > deadline:
                 raise proc.fail(f"no result after {timeout:.0f} s (deadline)")
             time.sleep(0.5)

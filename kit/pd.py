@@ -522,14 +522,14 @@ class PDPair:
             if th.is_alive():
                 dead = self.dead_servers()
                 if dead:
-                    raise PDError(f"{what} abandoned: the " + "; the ".join(f"{r} died ({m})" for r, m in dead.items()))
+                    raise PDError(f"{what} abandoned: {_deaths(dead)}")
         if "error" in box:
             # The call failed: if a server is gone, that is the root cause (a consumer whose producer died after
             # the prefill answers a plain HTTP 500), so name it.
             dead = self.dead_servers()
             if dead:
-                raise PDError(f"{what} failed ({type(box['error']).__name__}: {box['error']}): the "
-                              + "; the ".join(f"{r} died ({m})" for r, m in dead.items())) from box["error"]
+                raise PDError(f"{what} failed ({type(box['error']).__name__}: {box['error']}): "
+                              f"{_deaths(dead)}") from box["error"]
             raise box["error"]
         return box["value"]
 
@@ -692,6 +692,11 @@ def _get(srv: Server, path: str, timeout: float = 30.0, attempts: int = 5) -> by
             print(f"kit.pd: GET {srv.url}{path}: {e!r}, retrying", file=sys.stderr, flush=True)
             time.sleep(1.0)
     raise AssertionError("unreachable")
+
+
+def _deaths(dead: dict[str, str]) -> str:
+    """``PDPair.dead_servers()`` as one phrase: 'the producer died (...); the consumer died (...)'."""
+    return "the " + "; the ".join(f"{r} died ({m})" for r, m in dead.items())
 
 
 def _model_id(srv: Server) -> str:
