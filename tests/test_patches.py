@@ -114,3 +114,39 @@ def test_decode_side_rule_is_checked_before_any_process_starts():
     engine.precheck(t, {})
     engine.precheck(t, {"KIT_PATCHES": "none"})
     assert time.monotonic() - t0 < 5
+
+
+_IDLE_AGENT = r"""
+import json, time
+from kit.patches import apply_selected
+apply_selected()   # what the vllm.general_plugins entry point does in every vLLM process
+from vllm.distributed.nixl_utils import NixlWrapper, nixl_agent_config
+agent = NixlWrapper("idle", nixl_agent_config(num_threads=4, capture_telemetry=True))  # vLLM's own config
+time.sleep(0.5)
+c0, t0 = time.process_time(), time.monotonic()
+time.sleep(3.0)
+print(json.dumps({"cpu": time.process_time() - c0, "wall": time.monotonic() - t0}))
+"""
+
+
+@pytest.mark.parametrize("selection", ["patch-off", "patch-on"])
+def test_nixl_progress_delay_stops_the_idle_agent_spinning(selection):
+    """A real NIXL agent created the way vLLM 0.32's connector creates it, doing nothing for 3 s.
+
+    Off (stock): nixl hard-codes pthrDelay=0 and the progress thread burns a core. On: it sleeps in poll().
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("nixl")
+    env = dict(os.environ, KIT_PATCHES="all,-nixl_progress_delay" if selection == "patch-off" else "all")
+    out = subprocess.run([sys.executable, "-c", _IDLE_AGENT], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    share = m["cpu"] / m["wall"]
+    if selection == "patch-off":
+        assert share > 0.5, f"stock NIXL agent used only {share:.0%} of a core while idle: is the spin gone upstream?"
+    else:
+        assert share < 0.2, f"idle NIXL agent still used {share:.0%} of a core with the patch on"

