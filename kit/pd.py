@@ -767,16 +767,37 @@ def pd_topologies(model: str, producer_pp: int = 1, producer_spec: str | Spec | 
     return p, c
 
 
+def acceptance_vs_colocated(consumer: dict, colocated: dict, n_requests: int, colocated_identical: bool) -> dict:
+    """The PD consumer's spec-decode counters next to one colocated engine's on the same prompts.
+
+    ``extra_draft_rounds`` is how many more verify rounds the consumer ran; ``accepted_equal`` whether the
+    accepted drafts, in total and per draft position, are the same.
+    """
+    return {
+        "consumer": {k: consumer.get(k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                                  "per_position", "mean_acceptance_length")},
+        "colocated": {k: colocated.get(k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
+                                                    "per_position", "mean_acceptance_length")},
+        "accepted_equal": (consumer.get("num_accepted_tokens") == colocated.get("num_accepted_tokens")
+                           and list(consumer.get("per_position") or []) == list(colocated.get("per_position") or [])),
+        "extra_draft_rounds": (consumer.get("num_drafts") or 0) - (colocated.get("num_drafts") or 0),
+        "requests": n_requests,
+        "colocated_tokens_identical_to_reference": colocated_identical,
+    }
+
+
 def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_tokens: int = 32,
                stream: bool = False, concurrency: int = 1, reference: GenerationResult | None = None,
                connector: str | None = None, timeout: float = 900.0, log_dir: Path | str | None = None,
-               env: dict[str, str] | None = None) -> dict:
+               env: dict[str, str] | None = None, colocated: bool = False) -> dict:
     """Run the prompts through a PD pair and compare the consumer's tokens with the PP=1 no-spec reference.
 
     The reference (``kit.engine.generate(consumer.reference(), ..., top2=True)``) runs first, in its own
     engine, unless given. Returns a JSON-able dict: ``identical``, ``first_divergence``, ``connector``,
     ``kv_bytes_transferred`` vs ``kv_bytes_expected``, ``consumer_prefill_tokens_computed``, per-request
     records and timings, the consumer's spec-decode counters, ``handoff_ok`` and the logs.
+    ``colocated=True`` (consumer with a drafter) also runs the consumer's topology as one plain engine on the
+    same prompts and reports its spec-decode counters next to the consumer's (``acceptance_vs_colocated``).
     """
     from .compare import first_divergence
     from .engine import generate
@@ -786,6 +807,10 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
         t0 = time.monotonic()
         reference = generate(consumer.reference(), prompts, max_tokens=max_tokens, top2=True, timeout=timeout, env=env)
         t_ref = round(time.monotonic() - t0, 2)
+    coloc = None
+    if colocated and consumer.spec is not None:
+        coloc = generate(consumer.with_(pd_role=None, connector=None), prompts, max_tokens=max_tokens,
+                         timeout=timeout, env=env)
     pair = PDPair(producer, consumer, connector=connector, start_timeout=timeout, log_dir=log_dir, env=env)
     t0 = time.monotonic()
     with pair:
@@ -814,6 +839,9 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     }
     first_tokens_agree = all(r.producer_token_ids[:1] == r.token_ids[:1] for r in ok)
     return {
+        "acceptance_vs_colocated": (acceptance_vs_colocated(totals["consumer_spec"], coloc.spec.to_dict(),
+                                                            len(ok), coloc.token_ids == reference.token_ids)
+                                    if coloc is not None else None),
         "identical": div is None and not errors,
         "first_divergence": div,
         "handoff_ok": all(handoff.values()),
@@ -879,6 +907,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true", help="stream from the consumer")
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per engine start")
+    p.add_argument("--colocated-acceptance", action="store_true",
+                   help="also run the consumer topology as one plain engine and compare spec-decode acceptance")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     return p
 
@@ -907,7 +937,8 @@ def main(argv: list[str] | None = None) -> int:
     connector = None if args.connector == "auto" else args.connector
     try:
         d = pd_compare(prod, cons, prompts, max_tokens=args.max_tokens, stream=args.stream,
-                       concurrency=args.concurrency, connector=connector, timeout=args.timeout)
+                       concurrency=args.concurrency, connector=connector, timeout=args.timeout,
+                       colocated=args.colocated_acceptance)
     except (EngineError, PDError) as e:
         print(f"kit pd: failed: {e}", file=sys.stderr)
         if args.json:
@@ -929,6 +960,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"consumer ttft {t['consumer_ttft_s']} s (server {t['consumer_ttft_server_ms']} ms), total {t['total_s']} s")
         if d["consumer_spec"]:
             print(f"consumer spec: {d['consumer_spec']}")
+        if d["acceptance_vs_colocated"]:
+            a = d["acceptance_vs_colocated"]
+            print(f"vs colocated: accepted equal {a['accepted_equal']} (consumer {a['consumer']['per_position']}, "
+                  f"colocated {a['colocated']['per_position']}), extra verify rounds {a['extra_draft_rounds']} "
+                  f"for {a['requests']} requests")
         for e in d["errors"]:
             print(f"error: {e}")
     else:
