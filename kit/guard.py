@@ -7,6 +7,11 @@ engine core and its workers live on, reparented to init, eating both cores (seen
 ``VLLM::EngineCore`` after ``kill`` of a ``scripts/pd_check.py`` run). The guard sits at the top of the
 process group instead: when its parent dies, or on SIGTERM / SIGINT, it passes SIGTERM to the command,
 waits a short grace period, then SIGKILLs the whole group.
+
+A tree killed that way cannot unlink its POSIX shared memory: vLLM's shm broadcast rings (``/dev/shm/psm_*``,
+240 MiB each), its ``vllm*`` segments and multiprocessing semaphores (``sem.mp-*``) stay in ``/dev/shm`` (seen:
+~900 entries after a day of runs). So the guard also removes the entries that appeared in ``/dev/shm`` while it
+ran and that no live process has open or mapped any more.
 """
 from __future__ import annotations
 
@@ -17,6 +22,9 @@ import sys
 import time
 
 GRACE_SECONDS = 10.0
+SHM_DIR = "/dev/shm"
+# What vLLM and Python's multiprocessing create there; nothing else is touched.
+SHM_PREFIXES = ("psm_", "vllm", "sem.mp-")
 
 
 def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
@@ -28,6 +36,7 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except Exception:
         pass
+    shm_before = _shm_entries()
     env = dict(os.environ, KIT_PARENT_PID=str(os.getpid()))  # the command's parent is now the guard
     child = subprocess.Popen(cmd, env=env)
     stopping: list[float] = []
@@ -57,6 +66,8 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
     rc = child.returncode if child.returncode is not None else 1
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _kill_rest_of_group()
+    _wait_group_gone(2.0)
+    _remove_orphan_shm(shm_before)
     os._exit(rc if rc >= 0 else 128 - rc)
 
 
@@ -72,6 +83,73 @@ def _kill_rest_of_group() -> None:
                 os.kill(p.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
+
+
+def _wait_group_gone(timeout: float) -> None:
+    import psutil
+
+    me, group, end = os.getpid(), os.getpgid(0), time.monotonic() + timeout
+    while time.monotonic() < end:
+        alive = False
+        for p in psutil.process_iter(["pid", "status"]):
+            try:
+                if p.pid != me and os.getpgid(p.pid) == group and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    alive = True
+                    break
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
+        if not alive:
+            return
+        time.sleep(0.05)
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)}
+    except OSError:
+        return set()
+
+
+def _shm_in_use() -> set[str]:
+    """Names under /dev/shm that some live process has open or mapped."""
+    used: set[str] = set()
+    prefix = SHM_DIR + "/"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    i = line.find(prefix)
+                    if i >= 0:
+                        used.add(line[i + len(prefix):].split()[0])
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith(prefix):
+                    used.add(target[len(prefix):].split()[0])
+        except OSError:
+            continue
+    return used
+
+
+def _remove_orphan_shm(before: set[str]) -> list[str]:
+    """Unlink the /dev/shm entries created since ``before`` that are ours and no process uses."""
+    new = _shm_entries() - before
+    if not new:
+        return []
+    used, uid, removed = _shm_in_use(), os.getuid(), []
+    for name in sorted(new - used):
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if os.stat(path).st_uid == uid:
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            continue
+    return removed
 
 
 def command(cmd: list[str]) -> list[str]:

@@ -62,3 +62,29 @@ def test_managed_tree_dies_with_its_caller(tmp_path, how):
     caller.wait(timeout=10)
     gone, alive = psutil.wait_procs(tree, timeout=20)
     assert not alive, f"left behind after the caller got {how.name}: {[p.pid for p in alive]}"
+
+
+_SHM_TREE = ("import os, signal, sys, time, uuid\n"
+             "from multiprocessing import resource_tracker, shared_memory\n"
+             "name = 'psm_kittest_' + uuid.uuid4().hex[:8]\n"
+             "kept = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)\n"
+             "resource_tracker.unregister('/' + name, 'shared_memory')  # only the guard may clean it now\n"
+             "print('segment', name, flush=True)\n"
+             "os.kill(os.getpid(), signal.SIGKILL)  # as the guard's teardown does to vLLM's workers\n")
+
+
+def test_guard_removes_the_shared_memory_a_killed_tree_left(tmp_path):
+    """A SIGKILLed process cannot unlink its /dev/shm segments; the guard removes the ones it left behind."""
+    import os
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    out = subprocess.run([sys.executable, "-m", "kit.guard", "--", sys.executable, "-c", _SHM_TREE],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         start_new_session=True)  # the guard ends its whole process group, as under kit.procs
+    name = out.stdout.split("segment")[1].split()[0]
+    leftover = os.path.exists(f"/dev/shm/{name}")
+    if leftover:
+        os.unlink(f"/dev/shm/{name}")
+    assert out.returncode == 128 + signal.SIGKILL, (out.returncode, out.stderr[-500:])
+    assert not leftover, f"/dev/shm/{name} was left behind by the killed tree"
