@@ -56,12 +56,76 @@ def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | Non
     }
 
 
+def _tree_rss_mib(pid: int) -> int:
+    """Largest resident set (MiB) in the process tree under ``pid`` right now."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return 0
+    best = 0
+    for p in procs:
+        try:
+            best = max(best, p.memory_info().rss)
+        except psutil.Error:
+            continue
+    return round(best / 2**20)
+
+
+def measure_pd(producer: Topology, consumer: Topology, prompts: list[str], max_tokens: int) -> dict:
+    """One fresh PD pair: pair start (both servers + the warm-up round trip), TTFT of a 1-token PD request
+    (producer prefill + KV handoff + the consumer's first token), end-to-end tokens/s over the prompts one at a
+    time, the consumer's acceptance, and the largest process RSS of each server at the end (not a peak)."""
+    from .pd import PDPair
+
+    t0 = time.monotonic()
+    with PDPair(producer, consumer) as pair:
+        start_s = time.monotonic() - t0
+        first = pair.complete(prompts[0], max_tokens=1, index=0)
+        if first.error:
+            raise RuntimeError(first.error)
+        recs, totals = pair.complete_many(prompts, max_tokens=max_tokens)
+        errors = [r.error for r in recs if r.error]
+        if errors:
+            raise RuntimeError(errors[0])
+        n = sum(len(r.token_ids) for r in recs)
+        seconds = sum(r.total_s for r in recs)
+        spec = totals.get("consumer_spec") or {}
+        acc = spec.get("num_accepted_tokens") or 0
+        rss = {role: _tree_rss_mib(srv.proc.pid) for role, srv in (("producer", pair.producer), ("consumer", pair.consumer))
+               if srv is not None and srv.proc is not None}
+    return {
+        "start_s": start_s,
+        "ttft_s": first.total_s,
+        "decode_tok_s": n / seconds if seconds else None,
+        "mean_accept_len": spec.get("mean_acceptance_length"),
+        "tokens_per_target_forward": n / max(1, n - acc),
+        "peak_rss_mib": rss,
+    }
+
+
 def _stat(vals: list[float], fmt: str = "{:.2f}") -> str:
     vals = [v for v in vals if v is not None]
     if not vals:
         return "-"
     med = statistics.median(vals)
     return f"{fmt.format(med)} ({fmt.format(min(vals))}–{fmt.format(max(vals))})"
+
+
+def parse_pd_cases(text: str) -> list[tuple[int, str | None, int, str | None]]:
+    """``"1:none>1:none,1:mtp:2>1:mtp:2"`` -> [(producer PP, producer spec, consumer PP, consumer spec), ...]."""
+    out = []
+    for item in [x.strip() for x in text.split(",") if x.strip()]:
+        try:
+            left, right = item.split(">")
+            ppp, pspec = left.split(":", 1)
+            cpp, cspec = right.split(":", 1)
+            out.append((int(ppp), None if pspec == "none" else pspec, int(cpp), None if cspec == "none" else cspec))
+        except ValueError:
+            raise ValueError(f"--pd item {item!r}: expected PP:SPEC>PP:SPEC, e.g. 1:mtp:2>1:mtp:2") from None
+    return out
 
 
 TOPOLOGIES = [(pp, spec) for pp in (1, 2, 4) for spec in (None, "mtp:1", "mtp:2", "mtp:3")]
@@ -82,12 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--startup", action="store_true",
                     help="also PP=2 no-spec start time eager vs compiled, side by side")
     ap.add_argument("--only-extras", action="store_true", help="skip the PP x spec grid (just --patch-cost/--startup)")
+    ap.add_argument("--pd", default="",
+                    help="PD pairs to add, PRODUCER_PP:SPEC>CONSUMER_PP:SPEC comma-separated, e.g. 1:none>1:none,1:mtp:2>1:mtp:2")
     ap.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
     args = ap.parse_args(argv)
     others = leftover_vllm_processes()
     if others and not args.force:
         print("kit bench: other vLLM processes are running; timings would be wrong:\n  " + "\n  ".join(others),
               file=sys.stderr)
+        return 2
+    try:
+        pd_cases = parse_pd_cases(args.pd)
+    except ValueError as e:
+        print(f"kit bench: error: {e}", file=sys.stderr)
         return 2
     prompts = load_prompts(limit=args.prompts)
     cases = []
@@ -107,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         for eager in (True, False):
             t = Topology(model=args.model, random_weights=args.random, pp=2, enforce_eager=eager)
             cases.append((f"pp2 none [{'eager' if eager else 'compiled'}]", t, None))
+    for ppp, pspec, cpp, cspec in pd_cases:
+        from .pd import choose_connector, pd_topologies
+
+        p, c = pd_topologies(args.model, ppp, pspec, cpp, cspec, random_weights=args.random)
+        conn = choose_connector(p, c)[0]
+        cases.append((f"PD pp{ppp} {pspec or 'none'} -> pp{cpp} {cspec or 'none'} [{conn}]", (p, c), None))
     print(f"# kit bench — {time.strftime('%Y-%m-%d')} — {machine()}")
     print(f"# model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
           f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, median (min–max) of {args.repeats}\n")
@@ -121,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
             if label in failed:
                 continue
             try:
-                runs[label].append(measure(topo, prompts, args.max_tokens, env=env))
+                if isinstance(topo, tuple):
+                    runs[label].append(measure_pd(*topo, prompts, args.max_tokens))
+                else:
+                    runs[label].append(measure(topo, prompts, args.max_tokens, env=env))
             except Exception as e:  # noqa: BLE001 - a failed case is a row
                 failed[label] = str(e).splitlines()[0][:100]
             print(f"[bench] {label} repeat {rep + 1}: {'failed' if label in failed else 'ok'}", file=sys.stderr, flush=True)

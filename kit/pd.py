@@ -418,8 +418,12 @@ class PDPair:
                 # can miss it once, so the warm-up (and only the warm-up) is tried up to 3 times.
                 self.warmup_errors = []
                 for _ in range(3):
+                    b = self.counters()
                     self.warmup_record = self.complete(WARMUP_PROMPT, max_tokens=2, index=-1)
                     if not self.warmup_record.error:
+                        # Its transfer counters reach /metrics a step later: let them land before anything
+                        # measured takes its baseline (else they are counted with the first request).
+                        self.settle(b, 1, self.warmup_record.prompt_tokens or 0)
                         break
                     self.warmup_errors.append(self.warmup_record.error)
                 if self.warmup_record.error:
@@ -468,6 +472,10 @@ class PDPair:
         return {"producer": Counters.from_text(self._metrics_text(self.producer)),
                 "consumer": Counters.from_text(self._metrics_text(self.consumer))}
 
+    def transfers_per_request(self) -> int:
+        """NIXL transfers one request makes: in push mode every producer PP rank writes its own layers."""
+        return self.producer_topology.pp if self.connector == "nixl-push" else 1
+
     def settle(self, before: dict[str, Counters], n_requests: int, prompt_tokens: int,
                timeout: float = 15.0) -> dict[str, Counters]:
         """Counters once the transfers and prompt accounting of ``n_requests`` have been reported.
@@ -480,8 +488,8 @@ class PDPair:
         while True:
             now = self.counters()
             p, c = now["producer"] - before["producer"], now["consumer"] - before["consumer"]
-            done = (p.nixl_transfers + c.nixl_transfers + p.nixl_failed + c.nixl_failed >= n_requests
-                    and c.prompt_tokens >= prompt_tokens)
+            done = (p.nixl_transfers + c.nixl_transfers + p.nixl_failed + c.nixl_failed
+                    >= n_requests * self.transfers_per_request() and c.prompt_tokens >= prompt_tokens)
             key = (p.nixl_transfers, c.nixl_transfers, p.nixl_bytes, c.nixl_bytes, c.prompt_tokens)
             if done and key == last:
                 return now

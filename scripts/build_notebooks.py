@@ -404,7 +404,7 @@ and the kit's router doing the two-step request flow (prefill with `do_remote_de
     code("""
 MODEL = "tiny-mimo"
 RANDOM_WEIGHTS = False
-PRODUCER_PP = 1          # 2 = the seed's scenario (push connector); it stalls intermittently on 2 CPU cores: see below
+PRODUCER_PP = 2          # the seed's scenario: PP=2 + MTP prefill server (push connector); 1 = pull
 PRODUCER_SPEC = "mtp:2"
 CONSUMER_PP = 1
 CONSUMER_SPEC = "mtp:2"
@@ -427,7 +427,7 @@ print("KV layers that move:", pd.kv_layers_moved(producer, consumer))
 """),
     md("""
 **Which layers move:** the target's decoder layers `model.layers.0..L-1` from *every* producer PP rank (each
-rank sends its own), plus the MTP layer's KV (`model.layers.L`, which vLLM names after all target layers) when
+rank pushes its own: with PP=2, layers 0-1 from rank 0 and layers 2-3 plus the MTP layer from rank 1), plus the MTP layer's KV (`model.layers.L`, which vLLM names after all target layers) when
 both sides run the drafter: the consumer's drafter needs the prompt's KV for its own attention, or its first
 drafts would attend to nothing.
 """),
@@ -523,15 +523,13 @@ print("claim holds: same accepted drafts per position as one engine; at most one
 """),
     md("""
 ## What does not run on vLLM 0.32 (CPU), observed
-- **Producer PP=2 + MTP** (the seed's scenario) needs two kit patches and the push connector (the only
-  0.32 NIXL mode that pairs different PP sizes): stock, the producer's last PP worker fails while registering
-  its KV regions (`assert num_local_layers > 0 and self.num_regions % num_local_layers == 0`: 2 target layers
-  *plus* the MTP layer's KV on that rank; fixed by `nixl_pp_draft_regions`), and every NIXL agent's progress
-  thread spins a core (fixed by `nixl_progress_delay`). With both, `PRODUCER_PP = 2` runs and, when the
-  handoff completes, is token-identical with every byte accounted for (8 prompts x 40 tokens, 5 layers incl.
-  the MTP layer). But on 2 CPU cores about half of the runs stall inside NIXL/UCX for minutes (a push WRITE or
-  the consumer's registration notification blocks until the producer's lease expires), so the notebook's
-  default stays PP=1 -> PP=1 (pull), which has not stalled.
+- **Producer PP=2 + MTP** (the seed's scenario, run above) needs the push connector (the only 0.32 NIXL mode
+  that pairs different PP sizes) and three kit patches. Stock, the producer's last PP worker fails while
+  registering its KV regions (`assert num_local_layers > 0 and self.num_regions % num_local_layers == 0`: 2
+  target layers *plus* the MTP layer's KV on that rank; `nixl_pp_draft_regions`). And on a CPU host the pair
+  stalls for minutes at random: NIXL's CPU init pins each worker's forward thread to the machine's last core
+  (`os.sched_setaffinity`, `nixl_cpu_affinity` undoes it), so all three workers shared one core, and every NIXL
+  agent's progress thread spun a core of its own (`pthrDelay = 0`; `nixl_progress_delay`).
 - **Consumer PP=2** with a PP=1 producer needs the push connector (pull asserts equal layer counts), and
   `NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1.`
 - **MTP on the consumer only**: the two sides' KV layouts differ (the consumer has one more layer) and the

@@ -50,3 +50,14 @@ def test_doctor_reports_versions_and_patches():
     assert names["pp_spec_schedule_gate"]["status"] == "applied"
     assert names["draft_pp_gate"]["status"].startswith("upstream")
     assert "kit.patches:load_plugin" in info["plugin_entry_points"]
+
+
+def test_bench_pd_cases_parse_and_bad_input_exits_2(capsys):
+    from kit.bench import main as bench_main, parse_pd_cases
+
+    assert parse_pd_cases("1:none>1:none, 2:mtp:2>1:mtp:2") == [(1, None, 1, None), (2, "mtp:2", 1, "mtp:2")]
+    assert parse_pd_cases("") == []
+    with pytest.raises(ValueError, match="PP:SPEC>PP:SPEC"):
+        parse_pd_cases("1:none")
+    assert bench_main(["--pd", "2-1", "--only-extras", "--force"]) == 2
+    assert "PP:SPEC>PP:SPEC" in capsys.readouterr().err

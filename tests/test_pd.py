@@ -239,3 +239,38 @@ def test_mtp_on_both_sides_moves_the_mtp_layer(tmp_path, no_leftovers):
     assert d["connector"] == "nixl"
     assert len(d["kv_expected"]["layers"]) == p.info.num_layers + p.info.num_mtp_layers
     assert d["consumer_spec"]["num_drafts"] > 0
+
+
+@pytest.mark.engine
+@pytest.mark.pd
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_pd_workers_keep_their_cores(tmp_path, no_leftovers, patched):
+    """vLLM 0.32's NIXL worker init pins the worker's forward thread to the last core of each NUMA node
+    (``os.sched_setaffinity(0, rsv_cores_for_kv)``): both servers' workers then share one core. With the
+    ``nixl_cpu_affinity`` patch each worker keeps the cores the kit gave its server."""
+    import os
+
+    import psutil
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores to tell the servers' halves apart")
+    m, r = _model()
+    p, c = pd.pd_topologies(m, 1, None, 1, None, random_weights=r)
+    env = {"KIT_PATCHES": "all" if patched else "all,-nixl_cpu_affinity"}
+    with pd.PDPair(p, c, log_dir=tmp_path / "logs", env=env, warmup=False) as pair:
+        seen = {}
+        for role, srv in (("producer", pair.producer), ("consumer", pair.consumer)):
+            workers = [q for q in psutil.Process(srv.proc.pid).children(recursive=True) if "Worker" in q.name()]
+            assert workers, f"no worker process under the {role}"
+            seen[role] = {q.pid: sorted(os.sched_getaffinity(q.pid)) for q in workers}
+    half = len(cores) // 2
+    want = {"producer": cores[:half], "consumer": cores[half:]}
+    if patched:
+        for role in seen:
+            for pid, aff in seen[role].items():
+                assert set(aff) <= set(want[role]), (role, pid, aff, want[role])
+    else:
+        producer_affs = [aff for aff in seen["producer"].values()]
+        assert all(aff == [cores[-1]] for aff in producer_affs), (
+            f"stock vLLM no longer pins the producer's workers to the last core: {seen}")
