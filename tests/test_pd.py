@@ -83,6 +83,17 @@ def test_kv_bytes_expected_from_model_shape():
     assert len(pd.kv_bytes_expected(p3, c3, [10], 128)["layers"]) == cfg["num_hidden_layers"] + 1
 
 
+def test_acceptance_vs_colocated_compares_accepted_drafts_and_rounds():
+    c = {"num_drafts": 162, "num_draft_tokens": 324, "num_accepted_tokens": 166, "per_position": [94, 72],
+         "mean_acceptance_length": 2.02}
+    one = {"num_drafts": 154, "num_draft_tokens": 308, "num_accepted_tokens": 166, "per_position": [94, 72],
+           "mean_acceptance_length": 2.08}
+    a = pd.acceptance_vs_colocated(c, one, 8, True)
+    assert a["accepted_equal"] and a["extra_draft_rounds"] == 8 and a["requests"] == 8
+    worse = dict(c, num_accepted_tokens=150, per_position=[90, 60])
+    assert not pd.acceptance_vs_colocated(worse, one, 8, True)["accepted_equal"]
+
+
 def test_counters_from_prometheus_text():
     text = "\n".join([
         '# HELP vllm:nixl_bytes_transferred x',
