@@ -543,8 +543,12 @@ class PDPair:
 
     # -- the router ------------------------------------------------------------------------------
     def complete(self, prompt: str, max_tokens: int = 32, stream: bool = False, index: int = 0,
-                 request_id: str | None = None) -> PDRequest:
-        """One prompt through the pair (producer prefill, then consumer decode); errors land in ``.error``."""
+                 request_id: str | None = None, pause_before_decode: float = 0.0) -> PDRequest:
+        """One prompt through the pair (producer prefill, then consumer decode); errors land in ``.error``.
+
+        ``pause_before_decode`` (fault injection, teaching): wait that long between the two calls, e.g. past the
+        producer's ``kv_lease_duration`` so that the producer releases the blocks before the consumer asks.
+        """
         rid = request_id or f"pd-{uuid.uuid4().hex}"
         rec = PDRequest(index=index, request_id=rid, prompt=prompt, stream=stream)
         headers = {"X-Request-Id": rid}
@@ -565,6 +569,8 @@ class PDPair:
             rec.kv_transfer_params = kvp
             if not kvp:
                 raise PDError(f"producer returned no kv_transfer_params (is it a kv_producer?): {json.dumps(pres)[:400]}")
+            if pause_before_decode > 0:
+                time.sleep(pause_before_decode)
             cbody = {"model": self.model_name["consumer"], "prompt": prompt, "max_tokens": max_tokens,
                      "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "stream": stream,
                      "kv_transfer_params": kvp}
@@ -596,8 +602,21 @@ class PDPair:
                 raise PDError(f"consumer returned {len(rec.token_ids)} token ids, expected {max_tokens}")
         except Exception as e:  # noqa: BLE001 - one request's failure is data, not a crash
             rec.error = f"{type(e).__name__}: {e}"
+            hints = self.handoff_diagnosis(rid)
+            if hints:
+                rec.error += "\n  what the servers logged about this request's KV:\n    " + "\n    ".join(hints)
             rec.total_s = round(time.monotonic() - t0, 4)
         return rec
+
+    def handoff_diagnosis(self, request_id: str, limit: int = 6) -> list[str]:
+        """Log lines of either server about this request's KV handoff going wrong (lease expiry, failed or
+        expired transfers, notifications after expiry): the root cause when a consumer call times out."""
+        pattern = (rf"{re.escape(request_id)}.*(expired|[Ff]ail|[Tt]imed? ?out|abort)"
+                   rf"|(expired|[Ff]ail|[Tt]imed? ?out|abort).*{re.escape(request_id)}")
+        out = []
+        for role in ("producer", "consumer"):
+            out += [f"{role}: {line.strip()[:300]}" for line in self.log_lines(role, pattern, limit)]
+        return out[:limit]
 
     def complete_many(self, prompts: list[str], max_tokens: int = 32, stream: bool = False,
                       concurrency: int = 1) -> tuple[list[PDRequest], dict]:

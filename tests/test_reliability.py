@@ -199,3 +199,26 @@ def test_pd_faults_are_reported_fast_and_survivors_keep_serving(no_leftovers):
         pair._watched = orig
         # The consumer survives and computes a plain request itself, correctly.
         assert _plain_completion(pair.consumer, PROMPTS[0], 48) == ref.token_ids[0]
+
+
+@pytest.mark.pd
+def test_pd_kv_transfer_timeout_is_reported_with_its_cause_and_the_pair_keeps_serving(no_leftovers):
+    """The KV transfer times out: the producer's lease (2 s here) runs out before the consumer asks for the
+    blocks (the router pauses 5 s between the two calls). The push connector then never writes them. The
+    caller gets a PDError within the pair's request deadline that quotes the producer's own log line about
+    the expired blocks, and the same pair then serves the next request with the reference's tokens."""
+    from kit.engine import generate
+
+    pd, p, c = _pd_pair()
+    ref = generate(c.reference(), PROMPTS, max_tokens=16)
+    with pd.PDPair(p, c, connector="nixl-push", request_timeout=30, kv_extra_config={"kv_lease_duration": 2}) as pair:
+        t0 = time.monotonic()
+        rec = pair.complete(PROMPTS[0], max_tokens=16, pause_before_decode=5.0)
+        took = time.monotonic() - t0
+        assert rec.error, "the consumer got tokens although the producer had released the blocks"
+        assert "timed out" in rec.error, rec.error
+        assert "expired" in rec.error.lower() and rec.request_id in rec.error, rec.error
+        assert took < 5.0 + 30 + 15, took
+        nxt = pair.complete(PROMPTS[1], max_tokens=16)
+        assert nxt.error is None, nxt.error
+        assert nxt.token_ids == ref.token_ids[1]
