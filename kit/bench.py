@@ -143,11 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compiled", action="store_true")
     ap.add_argument("--patch-cost", action="store_true",
                     help="also PP=1 and PP=2 no-spec decode speed with KIT_PATCHES=none, side by side")
+    ap.add_argument("--patch-cost-pp", default="1,2", help="PP sizes for --patch-cost (default 1,2)")
     ap.add_argument("--startup", action="store_true",
                     help="also PP=2 no-spec start time eager vs compiled, side by side")
     ap.add_argument("--only-extras", action="store_true", help="skip the PP x spec grid (just --patch-cost/--startup)")
     ap.add_argument("--pd", default="",
                     help="PD pairs to add, PRODUCER_PP:SPEC>CONSUMER_PP:SPEC comma-separated, e.g. 1:none>1:none,1:mtp:2>1:mtp:2")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra environment for every engine (overrides the topology's), e.g. VLLM_CPU_OMP_THREADS_BIND=0")
     ap.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
     args = ap.parse_args(argv)
     others = leftover_vllm_processes()
@@ -160,6 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"kit bench: error: {e}", file=sys.stderr)
         return 2
+    extra_env = {}
+    for item in args.env:
+        if "=" not in item:
+            print(f"kit bench: error: --env {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        k, v = item.split("=", 1)
+        extra_env[k] = v
     prompts = load_prompts(limit=args.prompts)
     cases = []
     for pp in ([] if args.only_extras else [int(x) for x in args.pp.split(",")]):
@@ -168,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      spec=None if spec == "none" else spec,
                                                      enforce_eager=not args.compiled), None))
     if args.patch_cost:
-        for pp in (1, 2):
+        for pp in [int(x) for x in args.patch_cost_pp.split(",") if x.strip()]:
             t = Topology(model=args.model, random_weights=args.random, pp=pp, enforce_eager=not args.compiled)
             cases.append((f"pp{pp} none [patches on]", t, {"KIT_PATCHES": "all"}))
             # Stock vLLM cannot run eager PP=2 at all (intermediate buffers): keep that one fix.
@@ -185,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         conn = choose_connector(p, c)[0]
         cases.append((f"PD pp{ppp} {pspec or 'none'} -> pp{cpp} {cspec or 'none'} [{conn}]", (p, c), None))
     print(f"# kit bench — {time.strftime('%Y-%m-%d')} — {machine()}")
+    if extra_env:
+        print(f"# extra environment: {extra_env}")
     print(f"# model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
           f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, median (min–max) of {args.repeats}\n")
     print("| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd | peak RSS MiB (largest process) |")
@@ -201,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(topo, tuple):
                     runs[label].append(measure_pd(*topo, prompts, args.max_tokens))
                 else:
-                    runs[label].append(measure(topo, prompts, args.max_tokens, env=env))
+                    runs[label].append(measure(topo, prompts, args.max_tokens, env={**(env or {}), **extra_env} or None))
             except Exception as e:  # noqa: BLE001 - a failed case is a row
                 failed[label] = str(e).splitlines()[0][:100]
             print(f"[bench] {label} repeat {rep + 1}: {'failed' if label in failed else 'ok'}", file=sys.stderr, flush=True)

@@ -61,3 +61,5 @@ def test_bench_pd_cases_parse_and_bad_input_exits_2(capsys):
         parse_pd_cases("1:none")
     assert bench_main(["--pd", "2-1", "--only-extras", "--force"]) == 2
     assert "PP:SPEC>PP:SPEC" in capsys.readouterr().err
+    assert bench_main(["--env", "NOVALUE", "--only-extras", "--force"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
