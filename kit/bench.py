@@ -56,17 +56,12 @@ def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | Non
     }
 
 
-def _tree_rss_mib(pid: int) -> int:
-    """Largest resident set (MiB) in the process tree under ``pid`` right now."""
+def _tree_rss_mib(proc) -> int:
+    """Largest resident set (MiB) in a :class:`kit.procs.ManagedProcess` tree right now."""
     import psutil
 
-    try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.Error:
-        return 0
     best = 0
-    for p in procs:
+    for p in proc.tree():
         try:
             best = max(best, p.memory_info().rss)
         except psutil.Error:
@@ -94,7 +89,7 @@ def measure_pd(producer: Topology, consumer: Topology, prompts: list[str], max_t
         seconds = sum(r.total_s for r in recs)
         spec = totals.get("consumer_spec") or {}
         acc = spec.get("num_accepted_tokens") or 0
-        rss = {role: _tree_rss_mib(srv.proc.pid) for role, srv in (("producer", pair.producer), ("consumer", pair.consumer))
+        rss = {role: _tree_rss_mib(srv.proc) for role, srv in (("producer", pair.producer), ("consumer", pair.consumer))
                if srv is not None and srv.proc is not None}
     return {
         "start_s": start_s,
@@ -188,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         for eager in (True, False):
             t = Topology(model=args.model, random_weights=args.random, pp=2, enforce_eager=eager)
             cases.append((f"pp2 none [{'eager' if eager else 'compiled'}]", t, None))
-    for ppp, pspec, cpp, cspec in pd_cases:
-        from .pd import choose_connector, pd_topologies
+    from .pd import choose_connector, pd_topologies
 
+    for ppp, pspec, cpp, cspec in pd_cases:
         p, c = pd_topologies(args.model, ppp, pspec, cpp, cspec, random_weights=args.random)
         conn = choose_connector(p, c)[0]
         cases.append((f"PD pp{ppp} {pspec or 'none'} -> pp{cpp} {cspec or 'none'} [{conn}]", (p, c), None))

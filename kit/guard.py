@@ -71,35 +71,33 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
     os._exit(rc if rc >= 0 else 128 - rc)
 
 
+def _group_members() -> list:
+    """The other live (non-zombie) processes in our process group."""
+    import psutil
+
+    me, group, out = os.getpid(), os.getpgid(0), []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if p.pid != me and os.getpgid(p.pid) == group and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return out
+
+
 def _kill_rest_of_group() -> None:
     """SIGKILL what the command left in our process group (engine core, workers, resource tracker),
     but not the guard itself, so that its exit code is the command's."""
-    import psutil
-
-    me, group = os.getpid(), os.getpgid(0)
-    for p in psutil.process_iter(["pid"]):
+    for p in _group_members():
         try:
-            if p.pid != me and os.getpgid(p.pid) == group:
-                os.kill(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, psutil.Error):
+            os.kill(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             continue
 
 
 def _wait_group_gone(timeout: float) -> None:
-    import psutil
-
-    me, group, end = os.getpid(), os.getpgid(0), time.monotonic() + timeout
-    while time.monotonic() < end:
-        alive = False
-        for p in psutil.process_iter(["pid", "status"]):
-            try:
-                if p.pid != me and os.getpgid(p.pid) == group and p.info["status"] != psutil.STATUS_ZOMBIE:
-                    alive = True
-                    break
-            except (ProcessLookupError, PermissionError, psutil.Error):
-                continue
-        if not alive:
-            return
+    end = time.monotonic() + timeout
+    while _group_members() and time.monotonic() < end:
         time.sleep(0.05)
 
 

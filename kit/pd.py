@@ -800,11 +800,10 @@ def acceptance_vs_colocated(consumer: dict, colocated: dict, n_requests: int, co
     ``extra_draft_rounds`` is how many more verify rounds the consumer ran; ``accepted_equal`` whether the
     accepted drafts, in total and per draft position, are the same.
     """
+    keys = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "per_position", "mean_acceptance_length")
     return {
-        "consumer": {k: consumer.get(k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
-                                                  "per_position", "mean_acceptance_length")},
-        "colocated": {k: colocated.get(k) for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
-                                                    "per_position", "mean_acceptance_length")},
+        "consumer": {k: consumer.get(k) for k in keys},
+        "colocated": {k: colocated.get(k) for k in keys},
         "accepted_equal": (consumer.get("num_accepted_tokens") == colocated.get("num_accepted_tokens")
                            and list(consumer.get("per_position") or []) == list(colocated.get("per_position") or [])),
         "extra_draft_rounds": (consumer.get("num_drafts") or 0) - (colocated.get("num_drafts") or 0),

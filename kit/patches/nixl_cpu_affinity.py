@@ -16,75 +16,31 @@ Turn off: ``KIT_PATCHES=all,-nixl_cpu_affinity``.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 
 from . import Patch, register
 
-_MARK = "_kit_keeps_affinity"
-
-
-def _worker_cls():
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
-
-    return base_worker.NixlBaseConnectorWorker
-
-
 def _needed() -> "bool | str":
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return "vLLM not installed"
-    src = Path(spec.submodule_search_locations[0]) / "distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py"
-    if not src.is_file():
-        return "this vLLM has no NIXL base worker"
-    text = src.read_text()
-    # Read as text: importing the connector module in every vLLM process would cost start-up time.
-    if "os.sched_setaffinity(0, rsv_cores_for_kv)" not in text:
-        return False
+    # The same import nixl_pp_draft_regions makes at plugin load, so no extra start-up cost.
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+    except ImportError as e:
+        return f"NIXL connector not importable here ({e})"
     if not hasattr(os, "sched_getaffinity"):
         return "no sched_getaffinity on this platform"
-    return True
+    return "os.sched_setaffinity(0, rsv_cores_for_kv)" in inspect.getsource(NixlBaseConnectorWorker.__init__)
 
 
 def _apply() -> None:
-    # The connector module imports heavy dependencies; patch it when vLLM imports it, not at plugin load.
-    import importlib.abc
-    import importlib.util
-    import sys
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
 
-    name = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
-    if name in sys.modules:
-        _wrap(sys.modules[name].NixlBaseConnectorWorker)
+    if getattr(NixlBaseConnectorWorker.__init__, "__kit_patch__", None) == "nixl_cpu_affinity":
         return
+    orig = NixlBaseConnectorWorker.__init__
 
-    class _Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname, path, target=None):
-            if fullname != name:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(fullname)
-            if spec is None or spec.loader is None:
-                return spec
-            orig_exec = spec.loader.exec_module
-
-            def exec_module(module):
-                orig_exec(module)
-                _wrap(module.NixlBaseConnectorWorker)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-
-
-def _wrap(cls) -> None:
-    if getattr(cls.__init__, _MARK, False):
-        return
-    orig = cls.__init__
-
+    @functools.wraps(orig)
     def __init__(self, *args, **kwargs):
         before = os.sched_getaffinity(0)
         try:
@@ -93,8 +49,8 @@ def _wrap(cls) -> None:
             if os.sched_getaffinity(0) != before:
                 os.sched_setaffinity(0, before)
 
-    setattr(__init__, _MARK, True)
-    cls.__init__ = __init__
+    __init__.__kit_patch__ = "nixl_cpu_affinity"
+    NixlBaseConnectorWorker.__init__ = __init__
 
 
 PATCH = register(Patch(
