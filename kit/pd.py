@@ -72,7 +72,22 @@ def kv_layer_names(t: Topology) -> list[str]:
 
 
 def choose_connector(producer: Topology, consumer: Topology) -> tuple[str, str]:
-    """``("nixl" | "nixl-push", reason)`` for this producer/consumer pair on vLLM 0.32."""
+    """``("nixl" | "nixl-push", reason)`` for this producer/consumer pair on vLLM 0.32.
+
+    Raises :class:`TopologyError` for a consumer with PP>1 fed by a producer of another PP size: the kit's
+    ``nixl_pp_consumer`` patch pairs producer stage s with consumer stage s, nothing splits one stage's layers.
+    """
+    if consumer.pp > 1:
+        if producer.pp != consumer.pp:
+            raise TopologyError(
+                f"a PD consumer with PP={consumer.pp} needs a producer with the same PP size (got producer "
+                f"pp={producer.pp}): vLLM 0.32's NIXL refuses decode-side PP, and the kit's nixl_pp_consumer patch "
+                "feeds consumer stage s from producer stage s only. Use --producer-pp "
+                f"{consumer.pp}, or a PP=1 consumer")
+        return "nixl-push", (
+            f"consumer PP={consumer.pp}: vLLM 0.32 refuses decode-side PP ('does not support "
+            "pipeline_parallel_size > 1'); the kit's nixl_pp_consumer patch lets push run it, each producer PP "
+            "stage writing its layers into the consumer stage that holds the same layers")
     if producer.pp != consumer.pp:
         return "nixl-push", (
             f"heterogeneous PP (producer pp={producer.pp}, consumer pp={consumer.pp}): the pull connector on "
@@ -815,7 +830,8 @@ def acceptance_vs_colocated(consumer: dict, colocated: dict, n_requests: int, co
 def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_tokens: int = 32,
                stream: bool = False, concurrency: int = 1, reference: GenerationResult | None = None,
                connector: str | None = None, timeout: float = 900.0, log_dir: Path | str | None = None,
-               env: dict[str, str] | None = None, colocated: bool = False) -> dict:
+               env: dict[str, str] | None = None, colocated: bool = False,
+               kv_extra_config: dict | None = None) -> dict:
     """Run the prompts through a PD pair and compare the consumer's tokens with the PP=1 no-spec reference.
 
     The reference (``kit.engine.generate(consumer.reference(), ..., top2=True)``) runs first, in its own
@@ -824,10 +840,14 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     records and timings, the consumer's spec-decode counters, ``handoff_ok`` and the logs.
     ``colocated=True`` (consumer with a drafter) also runs the consumer's topology as one plain engine on the
     same prompts and reports its spec-decode counters next to the consumer's (``acceptance_vs_colocated``).
+    ``kv_extra_config`` adds ``kv_connector_extra_config`` keys for both servers (over the kit's defaults).
     """
     from .compare import first_divergence
     from .engine import generate
 
+    # Built first: PDPair checks the pair (models, PP sizes, decode-side rule) before any process starts.
+    pair = PDPair(producer, consumer, connector=connector, start_timeout=timeout, log_dir=log_dir, env=env,
+                  kv_extra_config={**DEFAULT_KV_EXTRA_CONFIG, **(kv_extra_config or {})})
     t_ref = None
     if reference is None:
         t0 = time.monotonic()
@@ -837,7 +857,6 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     if colocated and consumer.spec is not None:
         coloc = generate(consumer.with_(pd_role=None, connector=None), prompts, max_tokens=max_tokens,
                          timeout=timeout, env=env)
-    pair = PDPair(producer, consumer, connector=connector, start_timeout=timeout, log_dir=log_dir, env=env)
     t0 = time.monotonic()
     with pair:
         t_start = round(time.monotonic() - t0, 2)
@@ -935,8 +954,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per engine start")
     p.add_argument("--colocated-acceptance", action="store_true",
                    help="also run the consumer topology as one plain engine and compare spec-decode acceptance")
+    p.add_argument("--kv-extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="a kv_connector_extra_config entry for both servers (VALUE read as JSON when it parses), "
+                        "e.g. enforce_handshake_compat=false; repeatable")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
     return p
+
+
+def parse_kv_extra(items: list[str]) -> dict:
+    """``["KEY=VALUE", ...]`` -> dict; VALUE is JSON when it parses (``false``, ``120``), else the string."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TopologyError(f"--kv-extra wants KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -957,6 +993,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.random and not prod.info.has_trained_weights:
             raise TopologyError(f"model {prod.info.name} ships no trained weights: use random weights (--random)")
         prompts = load_prompts(args.prompts, limit=args.limit)
+        kv_extra = parse_kv_extra(args.kv_extra)
+        choose_connector(prod, cons)  # refuses unsupported PP pairs before anything starts
     except (TopologyError, ValueError) as e:
         print(f"kit pd: error: {e}", file=sys.stderr)
         return 2
@@ -964,7 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         d = pd_compare(prod, cons, prompts, max_tokens=args.max_tokens, stream=args.stream,
                        concurrency=args.concurrency, connector=connector, timeout=args.timeout,
-                       colocated=args.colocated_acceptance)
+                       colocated=args.colocated_acceptance, kv_extra_config=kv_extra)
     except (EngineError, PDError) as e:
         print(f"kit pd: failed: {e}", file=sys.stderr)
         if args.json:

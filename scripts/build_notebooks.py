@@ -432,9 +432,12 @@ both sides run the drafter: the consumer's drafter needs the prompt's KV for its
 drafts would attend to nothing.
 """),
     code("""
+from kit import engine
 prompts = load_prompts(limit=NUM_PROMPTS)
+# The reference: one plain engine, PP=1, no speculation (kept for the second pair further down).
+reference = engine.generate(consumer.reference(), prompts, max_tokens=MAX_TOKENS, top2=True)
 # colocated=True: the consumer's topology also runs as one plain engine, for the acceptance comparison below
-d = pd.pd_compare(producer, consumer, prompts, max_tokens=MAX_TOKENS, colocated=True)
+d = pd.pd_compare(producer, consumer, prompts, max_tokens=MAX_TOKENS, colocated=True, reference=reference)
 print("identical to the colocated PP=1 reference:", d["identical"], d["first_divergence"] or "")
 print("handoff checks:", d["handoff_checks"])
 print("KV bytes: measured", d["kv_bytes_transferred"], " expected", d["kv_bytes_expected"], " =", d["kv_expected"]["formula"])
@@ -522,6 +525,55 @@ assert 0 <= a["extra_draft_rounds"] <= a["requests"], a
 print("claim holds: same accepted drafts per position as one engine; at most one extra round per request")
 """),
     md("""
+## And if the MTP layer's KV did not arrive?
+The claim above is that the consumer's drafter *needs* the MTP layer's KV from the producer. Test it: run a
+producer **without** the drafter (PP=2, no MTP: it never computes the MTP layer's KV, so the connector has
+nothing to send for it) into the same MTP consumer. vLLM refuses such a pair by default — the NIXL
+handshake's compatibility hash covers the MTP configuration (`NIXL compatibility hash mismatch`) — so this
+run turns that check off (`enforce_handshake_compat=false`, a documented connector option). The consumer's
+MTP layer then attends over prompt KV blocks that were never written.
+"""),
+    code("""
+# Push from a PP=2 producer is the only 0.32 NIXL path that leaves one consumer layer out (each producer stage
+# writes its own layers; nobody writes the MTP layer's region). The consumer here runs at PP=1.
+no_mtp_producer = producer.with_(pp=2, spec=None)
+mtp_consumer = consumer.with_(pp=1)
+print("KV layers that move now:", pd.kv_layers_moved(no_mtp_producer, mtp_consumer))
+w = pd.pd_compare(no_mtp_producer, mtp_consumer, prompts, max_tokens=MAX_TOKENS, reference=reference,
+                  kv_extra_config={"enforce_handshake_compat": False})
+print("identical:", w["identical"], "| handoff:", w["handoff_ok"], "| KV bytes", w["kv_bytes_transferred"],
+      "expected", w["kv_bytes_expected"])
+with_kv, without_kv = d["consumer_spec"], w["consumer_spec"]
+print("consumer accepted with the MTP layer's KV   :", with_kv["num_accepted_tokens"], with_kv["per_position"],
+      "in", with_kv["num_drafts"], "rounds")
+print("consumer accepted without the MTP layer's KV:", without_kv["num_accepted_tokens"], without_kv["per_position"],
+      "in", without_kv["num_drafts"], "rounds")
+fig3 = go.Figure()
+for name, c in (("MTP layer's KV sent", with_kv), ("MTP layer's KV withheld", without_kv)):
+    fig3.add_trace(go.Bar(x=[f"draft position {i + 1}" for i in range(k)] + ["verify rounds"],
+                          y=list(c["per_position"]) + [c["num_drafts"]], name=name))
+fig3.update_layout(barmode="group", height=360, yaxis_title="count",
+                   title="PD consumer's drafter with and without the MTP layer's prompt KV")
+fig3.show()
+"""),
+    md("""
+**What it shows:** the tokens stay identical — the target model's KV all arrived, and speculative decoding
+only changes *how fast* tokens come, never which ones. But the drafter, reading an unwritten prompt KV in its
+own attention layer, gets fewer drafts accepted and the consumer needs more verify rounds for the same tokens
+(measured here with 8 prompts x 40 tokens: accepted 160 [94, 66] in 168 rounds without the MTP layer's KV,
+against 166 [94, 72] in 162 rounds with it; with the CI's 2 prompts x 16 tokens: 14 [8, 6] in 19 rounds against
+17 [11, 6] in 17). That is why the kit counts the MTP layer among the layers that must move,
+and why vLLM's handshake refuses a producer whose MTP configuration differs.
+"""),
+    code("""
+assert w["identical"], f"withholding the drafter's KV changed the tokens: {w['first_divergence']}"
+assert w["handoff_ok"], w["handoff_checks"]
+assert f"model.layers.{producer.info.num_layers}" not in w["kv_expected"]["layers"]
+assert without_kv["num_accepted_tokens"] < with_kv["num_accepted_tokens"], (without_kv, with_kv)
+assert without_kv["num_drafts"] >= with_kv["num_drafts"], (without_kv, with_kv)
+print("claims hold: same tokens; fewer accepted drafts and no fewer rounds without the MTP layer's KV")
+"""),
+    md("""
 ## What does not run on vLLM 0.32 (CPU), observed
 - **Producer PP=2 + MTP** (the seed's scenario, run above) needs the push connector (the only 0.32 NIXL mode
   that pairs different PP sizes) and three kit patches. Stock, the producer's last PP worker fails while
@@ -530,11 +582,13 @@ print("claim holds: same accepted drafts per position as one engine; at most one
   stalls for minutes at random: NIXL's CPU init pins each worker's forward thread to the machine's last core
   (`os.sched_setaffinity`, `nixl_cpu_affinity` undoes it), so all three workers shared one core, and every NIXL
   agent's progress thread spun a core of its own (`pthrDelay = 0`; `nixl_progress_delay`).
-- **Consumer PP=2** with a PP=1 producer needs the push connector (pull asserts equal layer counts), and
-  `NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1.`
-- **MTP on the consumer only**: the two sides' KV layouts differ (the consumer has one more layer) and the
-  handshake refuses: `NIXL compatibility hash mismatch ... Prefill and decode instances have incompatible
-  configurations`.
+- **Consumer PP=2**: stock vLLM refuses it (`NixlPushConnector consumer (decode) does not support
+  pipeline_parallel_size > 1.`). The kit's `nixl_pp_consumer` patch runs it when the producer has the same PP
+  size (`PRODUCER_PP = CONSUMER_PP = 2` above): producer stage s writes into consumer stage s. A PP=1 producer
+  into a PP=2 consumer would need one stage's layers split across two destinations; the kit refuses that pair
+  before anything starts.
+- **MTP on the consumer only**: the handshake refuses (`NIXL compatibility hash mismatch ... Prefill and
+  decode instances have incompatible configurations`) unless the check is turned off, as in the run above.
 
 ## The decode-side rule
 The seed PR forbids MTP with PP>1 on a decode (consumer) server, because stock vLLM's PP + speculation

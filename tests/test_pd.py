@@ -69,6 +69,23 @@ def test_connector_choice_and_reason():
     assert pair.consumer_topology.kv_transfer_config()["kv_role"] == "kv_consumer"
 
 
+def test_a_pp2_consumer_is_pushed_to_by_a_producer_of_the_same_pp_only():
+    m, r = _model()
+    p2, c2 = pd.pd_topologies(m, 2, "mtp:2", 2, "mtp:2", random_weights=r)
+    conn, why = pd.choose_connector(p2, c2)
+    assert conn == "nixl-push" and "nixl_pp_consumer" in why
+    p1, c2 = pd.pd_topologies(m, 1, "mtp:2", 2, "mtp:2", random_weights=r)
+    with pytest.raises(pd.TopologyError, match="needs a producer with the same PP size"):
+        pd.PDPair(p1, c2)
+
+
+def test_kv_extra_entries_parse_as_json_when_they_can():
+    assert pd.parse_kv_extra(["enforce_handshake_compat=false", "kv_lease_duration=30", "x=a b"]) == {
+        "enforce_handshake_compat": False, "kv_lease_duration": 30, "x": "a b"}
+    with pytest.raises(pd.TopologyError, match="KEY=VALUE"):
+        pd.parse_kv_extra(["no-equals-sign"])
+
+
 def test_kv_bytes_expected_from_model_shape():
     m, r = _model()
     p, c = pd.pd_topologies(m, 2, "mtp:2", 1, None, random_weights=r)
@@ -216,6 +233,34 @@ def test_pp2_mtp_producer_registers_its_mtp_region(tmp_path, no_leftovers, patch
             with pair:
                 pass
         assert "num_regions % num_local_layers == 0" in str(e.value) + (tmp_path / "logs" / "producer.log").read_text()
+
+
+@pytest.mark.engine
+@pytest.mark.pd
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_pp2_consumer_is_fed_stage_by_stage(tmp_path, no_leftovers, patched):
+    """Patch nixl_pp_consumer: stock vLLM 0.32 refuses a decode server with PP>1 under NIXL; with the patch a
+    PP=2 + MTP producer feeds a PP=2 + MTP consumer stage by stage: the consumer's tokens equal the reference,
+    it computes no prompt token, and every KV layer's bytes arrive (the MTP layer's on the last stage)."""
+    from kit.procs import ProcessFailed
+
+    if not patched:
+        m, r = _model()
+        p, c = pd.pd_topologies(m, 2, "mtp:2", 2, "mtp:2", random_weights=r)
+        pair = pd.PDPair(p, c, env={"KIT_PATCHES": "all,-nixl_pp_consumer"}, warmup=False, log_dir=tmp_path / "logs")
+        with pytest.raises((pd.PDError, ProcessFailed, RuntimeError)) as e:
+            with pair:
+                pass
+        text = str(e.value) + (tmp_path / "logs" / "consumer.log").read_text()
+        assert "consumer (decode) does not support pipeline_parallel_size > 1" in text
+        return
+    p, d = _pd_run(tmp_path, 2, "mtp:2", 2, "mtp:2", PROMPTS[:3])
+    assert d["connector"] == "nixl-push"
+    assert d["consumer_prefill_tokens_computed"] == 0
+    assert d["kv_bytes_transferred"] == d["kv_bytes_expected"], (d["kv_bytes_transferred"], d["kv_expected"])
+    assert d["kv_transfers"] == 2 * len(PROMPTS[:3]), d["kv_transfers"]
+    assert f"model.layers.{p.info.num_layers}" in d["kv_expected"]["layers"], "the MTP layer's KV must move"
+    assert d["consumer_spec"]["num_drafts"] > 0
 
 
 @pytest.mark.engine

@@ -73,7 +73,7 @@ def register(patch: Patch) -> Patch:
 
 
 _MODULES = ("cpu_amx", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history", "eagle3_aux_pp",
-            "nixl_cpu_affinity", "nixl_pp_draft_regions", "nixl_progress", "decode_side_rule", "upstream_checks")
+            "nixl_cpu_affinity", "nixl_pp_draft_regions", "nixl_pp_consumer", "nixl_progress", "decode_side_rule", "upstream_checks")
 
 
 def registry() -> dict[str, Patch]:
@@ -94,6 +94,7 @@ def _load_modules() -> None:
         pp_spec_history,
         eagle3_aux_pp,
         nixl_cpu_affinity,
+        nixl_pp_consumer,
         nixl_pp_draft_regions,
         nixl_progress,
         decode_side_rule,
