@@ -71,6 +71,10 @@ for pp in (2,):
     CELLS.append(Cell("tiny-deepseek-v3", True, pp, "mtp:2", ref_pp=pp))
     CELLS.append(Cell("tiny-llama-swa", True, pp, "eagle3:2"))
     CELLS.append(Cell("tiny-glm4-moe", True, pp, "mtp:2"))
+# Trained DeepSeek-V3 (kit/tinydeepseek.py; q's rope rows are 0, see data/models/README.md): PP=1 with
+# speculation is the acceptance baseline for the PP=2 cell.
+for pp in (1, 2):
+    CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, "mtp:2"))
 
 
 _REFS: dict[tuple, GenerationResult] = {}

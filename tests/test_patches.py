@@ -108,7 +108,7 @@ def test_decode_side_rule_is_checked_before_any_process_starts():
         engine.Server(t, env={"KIT_PATCHES": "decode_side_pp_spec_rule"}).start()
     # A consumer PP=2 + MTP without the fix: refused when the pair is built; the producer side is allowed.
     with pytest.raises(TopologyError, match="prefill side"):
-        pd.PDPair(Topology(model="tiny-mimo", random_weights=True, pp=1), t, env={"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
+        pd.PDPair(Topology(model="tiny-mimo", random_weights=True, pp=2), t, env={"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
     engine.precheck(t.with_(pd_role="producer", connector="nixl-push"), {"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
     # With the fix active (default), or with the rule itself off, nothing is refused.
     engine.precheck(t, {})
