@@ -126,6 +126,29 @@ def parse_pd_cases(text: str) -> list[tuple[int, str | None, int, str | None]]:
 TOPOLOGIES = [(pp, spec) for pp in (1, 2, 4) for spec in (None, "mtp:1", "mtp:2", "mtp:3")]
 
 
+def patch_overhead_table(topo: Topology, prompts: list[str], max_tokens: int, repeats: int,
+                         env: dict | None = None) -> int:
+    """Print each per-step wrapper's own cost and its share of a PP=1, batch-1 decode step measured here."""
+    from .patch_overhead import measure as wrapper_costs
+
+    costs = wrapper_costs()
+    # Batch 1, the shortest step there is (so the largest share). Tokens/s over the whole request includes the
+    # prefill, so the step is slightly overestimated: the shares below are for a step of that length.
+    steps = [measure(topo, prompts[:1], max_tokens, env=env or None)["decode_tok_s"] for _ in range(repeats)]
+    step_us = 1e6 / max(steps)
+    total_ns = sum(c.ns_per_call * c.calls_per_step for c in costs)
+    print(f"# kit bench --patch-overhead — {time.strftime('%Y-%m-%d')} — {machine()}")
+    print(f"# PP=1 no-spec decode step, batch 1, {max_tokens} tokens, fastest of {repeats} engines: "
+          f"{step_us:.0f} us ({max(steps):.0f} tok/s)\n")
+    print("| patch | wraps | calls per step | ns per call (wrapper only) | share of a step |")
+    print("|---|---|---|---|---|")
+    for c in costs:
+        print(f"| {c.patch} | {c.target} | {c.calls_per_step} | {c.ns_per_call:.0f} "
+              f"| {100 * c.ns_per_call * c.calls_per_step / (step_us * 1e3):.3f}% |")
+    print(f"| **all** | | | {total_ns:.0f} | **{100 * total_ns / (step_us * 1e3):.3f}%** |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kit bench", description=__doc__)
     ap.add_argument("--model", default="tiny-mimo")
@@ -139,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patch-cost", action="store_true",
                     help="also PP=1 and PP=2 no-spec decode speed with KIT_PATCHES=none, side by side")
     ap.add_argument("--patch-cost-pp", default="1,2", help="PP sizes for --patch-cost (default 1,2)")
+    ap.add_argument("--patch-overhead", action="store_true",
+                    help="time each per-step patch wrapper on the PP=1 no-spec path (in this process) and relate "
+                         "it to a measured PP=1 decode step; no other table")
     ap.add_argument("--startup", action="store_true",
                     help="also PP=2 no-spec start time eager vs compiled, side by side")
     ap.add_argument("--only-extras", action="store_true", help="skip the PP x spec grid (just --patch-cost/--startup)")
@@ -166,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         k, v = item.split("=", 1)
         extra_env[k] = v
     prompts = load_prompts(limit=args.prompts)
+    if args.patch_overhead:
+        return patch_overhead_table(Topology(model=args.model, random_weights=args.random, pp=1,
+                                             enforce_eager=not args.compiled), prompts, args.max_tokens,
+                                    args.repeats, extra_env)
     cases = []
     for pp in ([] if args.only_extras else [int(x) for x in args.pp.split(",")]):
         for spec in args.spec.split(","):

@@ -150,3 +150,19 @@ def test_nixl_progress_delay_stops_the_idle_agent_spinning(selection):
         assert share > 0.5, f"stock NIXL agent used only {share:.0%} of a core while idle: is the spin gone upstream?"
     else:
         assert share < 0.2, f"idle NIXL agent still used {share:.0%} of a core with the patch on"
+
+
+def test_patch_overhead_times_only_the_wrapper_and_restores_it():
+    """kit bench --patch-overhead: each per-step wrapper is timed with its vLLM function swapped for a no-op,
+    and the real function is back in place afterwards."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from kit import patch_overhead
+
+    costs = patch_overhead.measure(n=2000)  # applies the selected patches first
+    before = Scheduler.schedule.__wrapped__
+    patch_overhead.measure(n=2000)
+    assert {c.patch for c in costs} >= {"pp_spec_schedule_gate", "pp_spec_token_history"}
+    assert all(0 <= c.ns_per_call < 1e6 for c in costs), costs
+    cell = next(c for c in Scheduler.schedule.__closure__ if c.cell_contents is before)
+    assert cell.cell_contents is before
