@@ -66,15 +66,19 @@ for pp in (2, 4):
     CELLS.append(Cell("tiny-mimo", False, pp, "mtp:2", max_num_seqs=3, fast=(pp == 4)))
 CELLS.append(Cell("tiny-mimo", False, 2, "mtp:2", eager=False))
 CELLS.append(Cell("tiny-mimo", True, 2, "mtp:2", eager=False))
-for pp in (2,):
-    CELLS.append(Cell("tiny-deepseek-v3", True, pp, "mtp:2"))
-    CELLS.append(Cell("tiny-deepseek-v3", True, pp, "mtp:2", ref_pp=pp))
-    CELLS.append(Cell("tiny-llama-swa", True, pp, "eagle3:2"))
-    CELLS.append(Cell("tiny-glm4-moe", True, pp, "mtp:2"))
-# Trained DeepSeek-V3 (kit/tinydeepseek.py; q's rope rows are 0, see data/models/README.md): PP=1 with
-# speculation is the acceptance baseline for the PP=2 cell.
-for pp in (1, 2):
-    CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, "mtp:2"))
+# The other drafter families that start on CPU, on seeded random weights: PP 2/4 x k 1..3.
+for pp in (2, 4):
+    for k in (1, 2, 3):
+        CELLS.append(Cell("tiny-deepseek-v3", True, pp, f"mtp:{k}"))
+        CELLS.append(Cell("tiny-llama-swa", True, pp, f"eagle3:{k}"))
+        CELLS.append(Cell("tiny-glm4-moe", True, pp, f"mtp:{k}"))
+CELLS.append(Cell("tiny-deepseek-v3", True, 2, "mtp:2", ref_pp=2))
+# Trained DeepSeek-V3 (kit/tinydeepseek.py, data/models/README.md): PP=1 with speculation is the acceptance
+# baseline for the PP=2 and PP=4 cells.
+for k in (1, 2, 3):
+    for pp in (1, 2, 4):
+        if k == 2 or pp in (1, 2):
+            CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, f"mtp:{k}"))
 
 
 _REFS: dict[tuple, GenerationResult] = {}

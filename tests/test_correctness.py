@@ -94,3 +94,21 @@ def test_without_aux_relay_eagle3_pp2_fails_to_start(no_leftovers):
     with pytest.raises(engine.EngineError, match="Missing aux_hidden_states_0"):
         engine.generate(t, _prompts()[:1], max_tokens=4,
                         env={"KIT_PATCHES": "all,-eagle3_aux_hidden_states_over_pp"}, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_mla_rope_on_cpu_decides_deepseek_pp2(patched, no_leftovers):
+    """cpu_rope_layout: with vLLM 0.32's CPU rotary kernel mis-rotating MLA's q_pe/k_pe, a DeepSeek-V3 at PP=2
+    (no speculation) gives other tokens than at PP=1 (the error depends on how many tokens share a forward);
+    with the patch the two agree."""
+    prompts = load_prompts(limit=8)
+    t = Topology(model="tiny-deepseek-v3", random_weights=True, pp=2)
+    env = {"KIT_PATCHES": "all" if patched else "all,-cpu_rope_layout"}
+    ref = engine.generate(t.reference(), prompts, max_tokens=40, top2=True, env=env)
+    r = engine.generate(t, prompts, max_tokens=40, env=env)
+    div = first_divergence(ref, r)
+    if patched:
+        assert div is None, div
+    else:
+        assert div is not None, "stock MLA rope on CPU gave PP=1's tokens at PP=2: the patch would do no work here"

