@@ -131,7 +131,7 @@ def patch_overhead_table(topo: Topology, prompts: list[str], max_tokens: int, re
     """Print each per-step wrapper's own cost and its share of a PP=1, batch-1 decode step measured here."""
     from .patch_overhead import measure as wrapper_costs
 
-    costs = wrapper_costs()
+    costs = wrapper_costs(num_layers=topo.info.num_layers)
     # Batch 1, the shortest step there is (so the largest share). Tokens/s over the whole request includes the
     # prefill, so the step is slightly overestimated: the shares below are for a step of that length.
     steps = [measure(topo, prompts[:1], max_tokens, env=env or None)["decode_tok_s"] for _ in range(repeats)]

@@ -46,8 +46,10 @@ def _time(fn: Callable, args: tuple, kwargs: dict, n: int) -> float:
     return (time.perf_counter_ns() - t0) / n
 
 
-def _per_step_wrappers() -> list[tuple[str, Any, str, int, tuple, dict]]:
+def _per_step_wrappers(num_layers: int) -> list[tuple[str, Any, str, int, tuple, dict]]:
     """(patch, class, attribute, calls per decode step, args, kwargs) on the PP=1 / no-spec path."""
+    import torch
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -58,16 +60,20 @@ def _per_step_wrappers() -> list[tuple[str, Any, str, int, tuple, dict]]:
         ("pp_spec_schedule_gate", Scheduler, "schedule", 1, (sched,), {}),
         ("pp_spec_token_history", GPUModelRunner, "_update_states", 1, (runner, None), {}),
         ("eagle3_aux_hidden_states_over_pp", GPUModelRunner, "_model_forward", 1, (runner,), {"input_ids": None}),
+        # Once per attention layer; a Llama/Qwen-style layer passes 2-D q/k (the untouched branch).
+        ("cpu_rope_layout", RotaryEmbedding, "forward_cpu", num_layers,
+         (SimpleNamespace(), torch.zeros(1, dtype=torch.long), torch.zeros(1, 256), torch.zeros(1, 128)), {}),
     ]
 
 
-def measure(n: int = 200_000) -> list[WrapperCost]:
-    """Apply the selected patches in this process and time each per-step wrapper's own overhead."""
+def measure(n: int = 200_000, num_layers: int = 4) -> list[WrapperCost]:
+    """Apply the selected patches in this process and time each per-step wrapper's own overhead
+    (``num_layers``: attention layers per forward, for the per-layer wrappers)."""
     from .patches import apply_selected
 
     apply_selected()
     out = []
-    for patch, cls, attr, calls, args, kwargs in _per_step_wrappers():
+    for patch, cls, attr, calls, args, kwargs in _per_step_wrappers(num_layers):
         wrapper = getattr(cls, attr)
         if not hasattr(wrapper, "__wrapped__"):
             continue  # this patch is not applied here
