@@ -112,3 +112,16 @@ def test_mla_rope_on_cpu_decides_deepseek_pp2(patched, no_leftovers):
         assert div is None, div
     else:
         assert div is not None, "stock MLA rope on CPU gave PP=1's tokens at PP=2: the patch would do no work here"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_glm4_moe_pp4_stage_of_dense_layers_starts(patched, no_leftovers):
+    """glm4_moe_dense_stage: tiny-glm4-moe at PP=4 puts its one dense layer alone on stage 0."""
+    t = Topology(model="tiny-glm4-moe", random_weights=True, pp=4)
+    env = {"KIT_PATCHES": "all" if patched else "all,-glm4_moe_dense_stage"}
+    if patched:
+        assert engine.generate(t, _prompts()[:1], max_tokens=4, env=env).token_ids[0]
+    else:
+        with pytest.raises(engine.EngineError, match="No Glm4MoE layer found"):
+            engine.generate(t, _prompts()[:1], max_tokens=4, env=env, timeout=600)

@@ -206,3 +206,26 @@ def test_cpu_rope_rotates_every_head_of_mla_shaped_tensors(patched):
         assert q_ok and k_ok and untouched
     else:
         assert not q_ok and not k_ok, "stock vLLM's CPU rotary kernel now handles MLA layouts: retire the patch"
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_glm4_moe_stage_without_moe_layers(patched):
+    """glm4_moe_dense_stage: vLLM 0.32's GLM-4 MoE model refuses a PP stage that holds only dense layers (its
+    real extract_moe_parameters, called as the model's __init__ calls it on such a stage); patched, the stage's
+    expert counts are 0, as vLLM's DeepSeek-V2 sets them."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.models.glm4_moe import Glm4MixtureOfExperts
+
+    from kit.patches import apply_selected
+
+    apply_selected()
+    fn = Glm4MixtureOfExperts.extract_moe_parameters
+    stage = SimpleNamespace()
+    if not patched:
+        with pytest.raises(RuntimeError, match="No Glm4MoE layer found"):
+            fn.__wrapped__(stage, None)
+        return
+    assert fn.__kit_patch__ == "glm4_moe_dense_stage"
+    fn(stage, None)
+    assert stage.num_logical_experts == 0 and stage.num_local_physical_experts == 0
