@@ -102,6 +102,11 @@ def choose_connector(producer: Topology, consumer: Topology) -> tuple[str, str]:
                     "connector (NixlConnector; the consumer reads the producer's blocks)")
 
 
+def hidden_state_drafter(t: Topology) -> str | None:
+    """The drafter method vLLM's NIXL compatibility hash covers (MTP/Eagle: they hold KV layers), else None."""
+    return t.spec.method if t.spec is not None and t.spec.method in ("mtp", "eagle", "eagle3") else None
+
+
 def kv_layers_moved(producer: Topology, consumer: Topology) -> list[str]:
     """KV layers whose blocks the connector moves from producer to consumer.
 
@@ -271,6 +276,37 @@ def _server_only(t: Topology, kv_extra: dict | None = None) -> Topology:
     return t.with_(extra_engine_args=extra)
 
 
+def check_pair(producer: Topology, consumer: Topology, connector: str | None = None,
+               env: dict[str, str] | None = None, kv_extra_config: dict | None = None) -> tuple[str, str]:
+    """Refuse, before any process starts, a pair vLLM 0.32 would refuse; return ``(connector, reason)``.
+
+    Same model, weights, seed and dtype; a PP pairing the connector supports (:func:`choose_connector`); the
+    decode-side PP + spec rule on each side; the same MTP/Eagle drafter method on both sides unless the NIXL
+    handshake check is turned off (``enforce_handshake_compat: False`` in ``kv_extra_config``).
+    """
+    if producer.info.path != consumer.info.path:
+        raise TopologyError(f"producer and consumer load different models ({producer.model} vs {consumer.model})")
+    for what, a, b in (("random_weights", producer.random_weights, consumer.random_weights),
+                       ("seed", producer.seed, consumer.seed), ("dtype", producer.dtype, consumer.dtype)):
+        if a != b:
+            raise TopologyError(f"producer and consumer differ in {what} ({a!r} vs {b!r}): the KV would not fit")
+    if connector is None:
+        connector, reason = choose_connector(producer, consumer)
+    else:
+        reason = f"requested by the caller ({connector})"
+    for t, role in ((producer, "producer"), (consumer, "consumer")):  # decode-side PP + spec rule
+        precheck(t.with_(pd_role=role, connector=connector), env, in_pair=True)
+    pd_, cd_ = hidden_state_drafter(producer), hidden_state_drafter(consumer)
+    if pd_ != cd_ and (kv_extra_config or {}).get("enforce_handshake_compat", True) is not False:
+        raise TopologyError(
+            f"producer drafter {pd_ or 'none'} vs consumer drafter {cd_ or 'none'}: vLLM 0.32's NIXL handshake "
+            "refuses this pair ('NIXL compatibility hash mismatch'; the hash covers MTP/Eagle drafters, whose "
+            "KV layers move too). Give both sides the same drafter method (k may differ), or pass "
+            "kv_extra_config={'enforce_handshake_compat': False} (kit pd --kv-extra "
+            "enforce_handshake_compat=false) to run it anyway and see what the missing drafter KV costs")
+    return connector, reason
+
+
 class PDPair:
     """A producer and a consumer vLLM server joined by a NIXL connector. Use as a context manager.
 
@@ -282,22 +318,10 @@ class PDPair:
                  start_timeout: float = DEFAULT_START_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  log_dir: Path | str | None = None, env: dict[str, str] | None = None, warmup: bool = True,
                  parallel_start: bool = True, split_cores: bool = True, kv_extra_config: dict | None = None):
-        if producer.info.path != consumer.info.path:
-            raise TopologyError(f"producer and consumer load different models ({producer.model} vs {consumer.model})")
-        for what, a, b in (("random_weights", producer.random_weights, consumer.random_weights),
-                           ("seed", producer.seed, consumer.seed), ("dtype", producer.dtype, consumer.dtype)):
-            if a != b:
-                raise TopologyError(f"producer and consumer differ in {what} ({a!r} vs {b!r}): the KV would not fit")
-        if connector is None:
-            connector, reason = choose_connector(producer, consumer)
-        else:
-            reason = f"requested by the caller ({connector})"
-        self.connector = connector
-        self.connector_reason = reason
-        self.producer_topology = producer.with_(pd_role="producer", connector=connector)
-        self.consumer_topology = consumer.with_(pd_role="consumer", connector=connector)
-        for t in (self.producer_topology, self.consumer_topology):  # decode-side PP + spec rule, before any start
-            precheck(t, env, in_pair=True)
+        self.kv_extra_config = dict(DEFAULT_KV_EXTRA_CONFIG if kv_extra_config is None else kv_extra_config)
+        self.connector, self.connector_reason = check_pair(producer, consumer, connector, env, self.kv_extra_config)
+        self.producer_topology = producer.with_(pd_role="producer", connector=self.connector)
+        self.consumer_topology = consumer.with_(pd_role="consumer", connector=self.connector)
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="kit-pd-", dir=cache_dir()))
@@ -309,7 +333,6 @@ class PDPair:
         # is pending, and OMP threads of two engines bound to the same cores slow decoding many times over.
         self.split_cores = split_cores
         self.server_env: dict[str, dict[str, str]] = {}
-        self.kv_extra_config = dict(DEFAULT_KV_EXTRA_CONFIG if kv_extra_config is None else kv_extra_config)
         self.served_topology: dict[str, Topology] = {}
         self._ports: set[int] = set()
         self.producer: Server | None = None
@@ -994,7 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
             raise TopologyError(f"model {prod.info.name} ships no trained weights: use random weights (--random)")
         prompts = load_prompts(args.prompts, limit=args.limit)
         kv_extra = parse_kv_extra(args.kv_extra)
-        choose_connector(prod, cons)  # refuses unsupported PP pairs before anything starts
+        check_pair(prod, cons, None if args.connector == "auto" else args.connector, None,
+                   {**DEFAULT_KV_EXTRA_CONFIG, **kv_extra})  # refuses what vLLM would, before anything starts
     except (TopologyError, ValueError) as e:
         print(f"kit pd: error: {e}", file=sys.stderr)
         return 2

@@ -63,6 +63,12 @@ def test_connector_choice_and_reason():
     p2, c2 = pd.pd_topologies(m, 2, "mtp:2", 1, None, random_weights=r)
     conn, why = pd.choose_connector(p2, c2)
     assert conn == "nixl-push" and "Number of KV layers must match" in why
+    # An MTP producer with a drafter-less consumer: vLLM's handshake would refuse it, so the kit does first.
+    with pytest.raises(pd.TopologyError, match="compatibility hash"):
+        pd.PDPair(p2, c2)
+    pd.PDPair(p2, c2, kv_extra_config={"enforce_handshake_compat": False})  # allowed, on purpose
+    p2, c2 = pd.pd_topologies(m, 2, "mtp:2", 1, "mtp:1", random_weights=r)  # k may differ
+    conn, why = pd.choose_connector(p2, c2)
     pair = pd.PDPair(p2, c2)  # nothing starts before __enter__
     assert pair.connector == "nixl-push" and pair.connector_reason == why
     assert pair.producer_topology.kv_transfer_config()["kv_connector"] == "NixlPushConnector"
