@@ -46,6 +46,11 @@ def test_pd_consumer_pp_without_a_producer_of_the_same_pp(no_leftovers):
     _refused(lambda: pd.PDPair(_t(pp=1), _t(pp=2)), "needs a producer with the same PP size")
 
 
+def test_pd_pair_with_different_drafters(no_leftovers):
+    _refused(lambda: pd.PDPair(_t(), _t(spec="mtp:2")), "compatibility hash")
+    _refused(lambda: pd.PDPair(_t(spec="mtp:1"), _t()), "compatibility hash")
+
+
 def test_pd_pair_with_an_unknown_connector(no_leftovers):
     _refused(lambda: pd.PDPair(_t(), _t(), connector="tcp"), "connector must be one of")
 
