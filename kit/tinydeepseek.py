@@ -353,30 +353,8 @@ def train(tc: tm.TrainConfig, out: Path, zoo_dir: Path = ZOO_DIR, command: str |
     model.init_weights(tc.seed)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params} parameters")
-    opt = torch.optim.AdamW(
-        [{"params": [p for p in model.parameters() if p.ndim == 2], "weight_decay": tc.weight_decay},
-         {"params": [p for p in model.parameters() if p.ndim != 2], "weight_decay": 0.0}],
-        lr=tc.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
-    g = torch.Generator().manual_seed(tc.seed)
-    history = []
-    model.train()
     t_train = time.time()
-    for step in range(tc.steps):
-        lr = tm.lr_at(step, tc)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        batch = streams["train"].batch(g, tc.batch_size, tc.seq_len + 3, tc.doc_start_fraction)
-        losses = tm.compute_losses(model, batch, chain=tc.chain_weight > 0)
-        loss = losses["trunk"] + tc.mtp_weight * losses["mtp"] + tc.chain_weight * losses.get("chain", 0.0)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
-        rec = {k: float(v.detach()) for k, v in losses.items()}
-        if step % tc.log_every == 0 or step == tc.steps - 1:
-            history.append({"step": step, "lr": lr, **rec})
-            log(f"step {step:5d} lr {lr:.2e} " + " ".join(f"{k} {v:.4f}" for k, v in rec.items())
-                + f" | {time.time() - t_train:.0f}s")
+    history, rec, _ = tm.train_steps(model, streams["train"], tc, log)
     train_seconds = time.time() - t_train
     ev = tm.evaluate(model, streams["val"], tc)
     log("eval: " + json.dumps(ev))

@@ -630,6 +630,52 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def train_steps(model: nn.Module, stream: "TokenStream", tc: TrainConfig, log=print) -> tuple[list, dict, dict]:
+    """The optimisation loop both tiny models train with (tiny-mimo here, tiny-deepseek-v3 in kit.tinydeepseek).
+
+    AdamW (weight decay on 2-D tensors only), :func:`lr_at`'s schedule, the joint loss of
+    :func:`compute_losses` (trunk + MTP + chain, + distillation when configured), gradient clipping; batches
+    from ``stream`` with a generator seeded from ``tc.seed``. Returns the logged history, the last step's
+    losses and their exponential moving average. The order of every random draw and update is fixed, so a
+    given config trains bitwise-identical weights.
+    """
+    decay = [p for n, p in model.named_parameters() if p.ndim == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim != 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr, betas=(0.9, 0.95), eps=1e-8, fused=True,
+    )
+    g = torch.Generator().manual_seed(tc.seed)
+    width = tc.seq_len + 3
+    history = []
+    model.train()
+    t_train = time.time()
+    ema = rec = None
+    for step in range(tc.steps):
+        lr = lr_at(step, tc)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = stream.batch(g, tc.batch_size, width, tc.doc_start_fraction)
+        losses = compute_losses(model, batch, chain=tc.chain_weight > 0, distill=tc.distill_weight > 0)
+        loss = losses["trunk"] + tc.mtp_weight * losses["mtp"] + tc.chain_weight * losses.get("chain", 0.0)
+        if tc.distill_weight > 0:
+            loss = loss + tc.distill_weight * (tc.mtp_weight * losses["mtp_distill"]
+                                               + tc.chain_weight * losses.get("chain_distill", 0.0))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        rec = {k: float(v.detach()) for k, v in losses.items()}
+        ema = rec if ema is None else {k: 0.95 * ema[k] + 0.05 * rec[k] for k in rec}
+        if step % tc.log_every == 0 or step == tc.steps - 1:
+            el = time.time() - t_train
+            tps = (step + 1) * tc.batch_size * tc.seq_len / max(el, 1e-9)
+            history.append({"step": step, "lr": lr, **rec})
+            log(f"step {step:5d} lr {lr:.2e} " + " ".join(f"{k} {v:.4f}" for k, v in rec.items())
+                + f" | {el:.0f}s {tps:.0f} tok/s")
+    return history, rec, ema
+
+
 def train(tc: TrainConfig, out: Path, command: str | None = None, log=print) -> dict:
     """Build tokenizer and corpus, train trunk + MTP jointly, write the model directory."""
     from safetensors.torch import save_file
@@ -671,42 +717,8 @@ def train(tc: TrainConfig, out: Path, command: str | None = None, log=print) -> 
     model.init_weights(tc.seed)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params} parameters")
-    decay = [p for n, p in model.named_parameters() if p.ndim == 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim != 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=tc.lr, betas=(0.9, 0.95), eps=1e-8, fused=True,
-    )
-    g = torch.Generator().manual_seed(tc.seed)
-    width = tc.seq_len + 3
-    history = []
-    model.train()
     t_train = time.time()
-    ema = None
-    for step in range(tc.steps):
-        lr = lr_at(step, tc)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        batch = train_stream.batch(g, tc.batch_size, width, tc.doc_start_fraction)
-        losses = compute_losses(model, batch, chain=tc.chain_weight > 0, distill=tc.distill_weight > 0)
-        loss = losses["trunk"] + tc.mtp_weight * losses["mtp"] + tc.chain_weight * losses.get("chain", 0.0)
-        if tc.distill_weight > 0:
-            loss = loss + tc.distill_weight * (tc.mtp_weight * losses["mtp_distill"]
-                                               + tc.chain_weight * losses.get("chain_distill", 0.0))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
-        rec = {k: float(v.detach()) for k, v in losses.items()}
-        ema = rec if ema is None else {k: 0.95 * ema[k] + 0.05 * rec[k] for k in rec}
-        if step % tc.log_every == 0 or step == tc.steps - 1:
-            el = time.time() - t_train
-            tps = (step + 1) * tc.batch_size * tc.seq_len / max(el, 1e-9)
-            history.append({"step": step, "lr": lr, **rec})
-            log(f"step {step:5d} lr {lr:.2e} trunk {rec['trunk']:.4f} mtp {rec['mtp']:.4f}"
-                + (f" chain {rec['chain']:.4f}" if "chain" in rec else "")
-                + (f" distill {rec['mtp_distill']:.4f}" if "mtp_distill" in rec else "")
-                + f" | {el:.0f}s {tps:.0f} tok/s")
+    history, rec, ema = train_steps(model, train_stream, tc, log)
     train_seconds = time.time() - t_train
     final = {f"final_{k}_loss": v for k, v in rec.items()}
     final.update({f"final_{k}_loss_ema": v for k, v in ema.items()})
