@@ -54,9 +54,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -256,15 +254,7 @@ class TinyDeepseekV3(nn.Module):
         return self.lm_head(mtp_hidden)
 
     def init_weights(self, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        n_layers = self.mc.num_hidden_layers + self.mc.num_nextn_predict_layers
-        for name, p in sorted(self.named_parameters()):
-            if p.ndim == 1:
-                nn.init.ones_(p)
-                continue
-            std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
-            with torch.no_grad():
-                p.copy_(torch.randn(p.shape, generator=g) * std)
+        tm.init_normal_(self, seed, self.mc.num_hidden_layers + self.mc.num_nextn_predict_layers)
         if not self.q_rope:
             with torch.no_grad():
                 for layer in self.model.layers:
@@ -338,12 +328,8 @@ def train(tc: tm.TrainConfig, out: Path, zoo_dir: Path = ZOO_DIR, command: str |
         shutil.copyfile(zoo_dir / f, out / f)
     c = tc.model = DSConfig.from_hf(json.loads((zoo_dir / "config.json").read_text()))
 
-    root = tm.stdlib_root()
-    train_files, val_files = tm.split_files(tm.corpus_files(root, tc.max_corpus_files))
-    texts = {"train": [tm.read_text(f) for f in train_files], "val": [tm.read_text(f) for f in val_files]}
-    corpus_hash = hashlib.sha256()
-    for f, t in zip(train_files + val_files, texts["train"] + texts["val"]):
-        corpus_hash.update(f.relative_to(root).as_posix().encode() + b"\0" + t.encode() + b"\0")
+    train_files, val_files, train_texts, val_texts, corpus_sha256 = tm.read_corpus(tc.max_corpus_files)
+    texts = {"train": train_texts, "val": val_texts}
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     streams = {k: EosStream([e.ids for e in tok.encode_batch(v, add_special_tokens=False)]) for k, v in texts.items()}
     log(f"corpus: {len(train_files)} train files, {len(streams['train'])} tokens; "
@@ -379,7 +365,7 @@ def train(tc: tm.TrainConfig, out: Path, zoo_dir: Path = ZOO_DIR, command: str |
             "python_version": sys.version.split()[0],
             "train_files": len(train_files), "train_tokens": len(streams["train"]),
             "val_files": len(val_files), "val_tokens": len(streams["val"]),
-            "sha256": corpus_hash.hexdigest(),
+            "sha256": corpus_sha256,
         },
         "tokens_seen": tc.steps * tc.batch_size * tc.seq_len,
         **{f"final_{k}_loss": v for k, v in rec.items()},

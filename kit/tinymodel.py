@@ -225,6 +225,18 @@ def read_text(f: Path) -> str:
     return f.read_bytes().decode("utf-8", errors="replace")
 
 
+def read_corpus(max_files: int | None = None) -> tuple[list[Path], list[Path], list[str], list[str], str]:
+    """Train files, validation files, their texts, and one sha256 over every file's path and text."""
+    root = stdlib_root()
+    train_files, val_files = split_files(corpus_files(root, max_files))
+    train_texts = [read_text(f) for f in train_files]
+    val_texts = [read_text(f) for f in val_files]
+    h = hashlib.sha256()
+    for f, t in zip(train_files + val_files, train_texts + val_texts):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + t.encode() + b"\0")
+    return train_files, val_files, train_texts, val_texts, h.hexdigest()
+
+
 def build_tokenizer(texts: Iterable[str], vocab_size: int):
     """Byte-level BPE (GPT-2 style pre-tokenizer), deterministic for a given text sequence."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -445,6 +457,23 @@ class Trunk(nn.Module):
         self.mtp_layers = nn.ModuleList([MTPLayer(mc, self.rotary) for _ in range(mc.num_nextn_predict_layers)])
 
 
+def init_normal_(model: nn.Module, seed: int, n_layers: int) -> None:
+    """GPT-2-style init, seeded, in sorted parameter-name order: biases 0, other 1-D tensors (norms) 1, matrices
+    N(0, 0.02), output projections scaled by 1/sqrt(2 x layers). Shared by both tiny models."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters()):
+        if name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif p.ndim == 1:
+            nn.init.ones_(p)
+        else:
+            std = 0.02
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                std = 0.02 / math.sqrt(2 * n_layers)
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
 class TinyMiMo(nn.Module):
     """State-dict names are exactly the checkpoint's (``model.*``, ``lm_head.weight``)."""
 
@@ -478,19 +507,7 @@ class TinyMiMo(nn.Module):
         return self.lm_head(mtp_hidden)
 
     def init_weights(self, seed: int) -> None:
-        g = torch.Generator().manual_seed(seed)
-        n_layers = self.mc.num_hidden_layers + self.mc.num_nextn_predict_layers
-        for name, p in sorted(self.named_parameters()):
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif p.ndim == 1:
-                nn.init.ones_(p)
-            else:
-                std = 0.02
-                if name.endswith(("o_proj.weight", "down_proj.weight")):
-                    std = 0.02 / math.sqrt(2 * n_layers)
-                with torch.no_grad():
-                    p.copy_(torch.randn(p.shape, generator=g) * std)
+        init_normal_(self, seed, self.mc.num_hidden_layers + self.mc.num_nextn_predict_layers)
 
 
 def expected_tensor_names(mc: ModelConfig) -> list[str]:
@@ -690,13 +707,7 @@ def train(tc: TrainConfig, out: Path, command: str | None = None, log=print) -> 
     mc = tc.model
 
     root = stdlib_root()
-    files = corpus_files(root, tc.max_corpus_files)
-    train_files, val_files = split_files(files)
-    train_texts = [read_text(f) for f in train_files]
-    val_texts = [read_text(f) for f in val_files]
-    corpus_hash = hashlib.sha256()
-    for f, t in zip(train_files + val_files, train_texts + val_texts):
-        corpus_hash.update(f.relative_to(root).as_posix().encode() + b"\0" + t.encode() + b"\0")
+    train_files, val_files, train_texts, val_texts, corpus_sha256 = read_corpus(tc.max_corpus_files)
 
     t0 = time.time()
     tok = build_tokenizer(train_texts, mc.vocab_size)
@@ -757,7 +768,7 @@ def train(tc: TrainConfig, out: Path, command: str | None = None, log=print) -> 
             "val_tokens": len(val_stream),
             "first_files": [f.relative_to(root).as_posix() for f in train_files[:3]],
             "last_files": [f.relative_to(root).as_posix() for f in train_files[-3:]],
-            "sha256": corpus_hash.hexdigest(),
+            "sha256": corpus_sha256,
         },
         "tokenizer": {"type": "byte-level BPE (HF tokenizers)", "vocab_size": mc.vocab_size,
                       "train_seconds": round(t_tok, 1),
