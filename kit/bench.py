@@ -179,18 +179,14 @@ def main(argv: list[str] | None = None) -> int:
         print("kit bench: other vLLM processes are running; timings would be wrong:\n  " + "\n  ".join(others),
               file=sys.stderr)
         return 2
+    from .pd import choose_connector, parse_assignments, pd_topologies
+
     try:
         pd_cases = parse_pd_cases(args.pd)
-    except ValueError as e:
+        extra_env = parse_assignments(args.env, "--env")
+    except ValueError as e:  # TopologyError included
         print(f"kit bench: error: {e}", file=sys.stderr)
         return 2
-    extra_env = {}
-    for item in args.env:
-        if "=" not in item:
-            print(f"kit bench: error: --env {item!r}: expected KEY=VALUE", file=sys.stderr)
-            return 2
-        k, v = item.split("=", 1)
-        extra_env[k] = v
     prompts = load_prompts(limit=args.prompts)
     if args.patch_overhead:
         return patch_overhead_table(Topology(model=args.model, random_weights=args.random, pp=1,
@@ -213,8 +209,6 @@ def main(argv: list[str] | None = None) -> int:
         for eager in (True, False):
             t = Topology(model=args.model, random_weights=args.random, pp=2, enforce_eager=eager)
             cases.append((f"pp2 none [{'eager' if eager else 'compiled'}]", t, None))
-    from .pd import choose_connector, pd_topologies
-
     for ppp, pspec, cpp, cspec in pd_cases:
         p, c = pd_topologies(args.model, ppp, pspec, cpp, cspec, random_weights=args.random)
         conn = choose_connector(p, c)[0]

@@ -984,18 +984,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_kv_extra(items: list[str]) -> dict:
-    """``["KEY=VALUE", ...]`` -> dict; VALUE is JSON when it parses (``false``, ``120``), else the string."""
+def parse_assignments(items: list[str], flag: str, json_values: bool = False) -> dict:
+    """``["KEY=VALUE", ...]`` from a repeatable CLI flag -> dict; with ``json_values`` a VALUE is read as JSON
+    when it parses (``false``, ``120``), else kept as the string. :class:`TopologyError` names the bad item."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise TopologyError(f"--kv-extra wants KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
+            raise TopologyError(f"{flag} wants KEY=VALUE, got {item!r}")
+        if json_values:
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        out[key.strip()] = value
     return out
+
+
+def parse_kv_extra(items: list[str]) -> dict:
+    """``--kv-extra`` entries: ``kv_connector_extra_config`` keys, values read as JSON when they parse."""
+    return parse_assignments(items, "--kv-extra", json_values=True)
 
 
 def main(argv: list[str] | None = None) -> int:
