@@ -229,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     if extra_env:
         print(f"# extra environment: {extra_env}")
     what = (f"model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
-            f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, median (min–max) of {args.repeats}")
+            f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, "
+            f"median (min–max) of {args.repeats}")
     print(f"# {what}\n")
     out += [what + (f"; extra environment {extra_env}" if extra_env else ""), "",
-            "| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd | peak RSS MiB (largest process) |",
+            "| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd "
+            "| peak RSS MiB (largest process) |",
             "|---|---|---|---|---|---|---|"]
     print("\n".join(out[2:]))
     # Round-robin over the cases (repeat 1 of every case, then repeat 2, ...): slow drifts of a shared

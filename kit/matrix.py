@@ -105,7 +105,8 @@ def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    ap = argparse.ArgumentParser(prog="python -m kit.matrix", description="run the correctness matrix and print a markdown table")
+    ap = argparse.ArgumentParser(prog="python -m kit.matrix",
+                                 description="run the correctness matrix and print a markdown table")
     ap.add_argument("--fast", action="store_true", help="only the CI subset")
     ap.add_argument("--match", default="", help="only cells whose id contains this")
     ap.add_argument("--jsonl", default=None, help="append one JSON record per cell here")
@@ -139,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
         print(lines[-1], flush=True)
     if args.write:
-        note = (f"{len(cells)} cells, {NUM_PROMPTS} prompts x {MAX_TOKENS} new tokens each, greedy, against the "
+        note = (f"{len(cells)} cell{'' if len(cells) == 1 else 's'}, {NUM_PROMPTS} prompts x {MAX_TOKENS} new tokens each, greedy, against the "
                 f"no-spec reference of the same weights; {bad} not identical or failed; kit patches "
                 f"{os.environ.get('KIT_PATCHES') or 'all (default)'}; "
                 f"{time.monotonic() - t_start:.0f} s in all (\"s\": per cell, engine starts included).")
