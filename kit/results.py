@@ -91,8 +91,8 @@ def block_key(prog: str, argv: list[str], skip: tuple[str, ...] = ("--write",)) 
     while i < len(argv):
         a = argv[i]
         name, eq, val = a.partition("=")
-        if name in skip:
-            i += 1 if eq else 2
+        if name in skip:  # with its value, if it has one (a flag such as --force is followed by an option)
+            i += 1 if eq or i + 1 >= len(argv) or argv[i + 1].startswith("--") else 2
             continue
         if a.startswith("--"):
             if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):

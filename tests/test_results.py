@@ -49,6 +49,8 @@ def test_block_key_skips_the_output_option_and_never_holds_a_comment_end():
     argv = ["--match", "tiny-llama-swa", "--write", "docs/results/matrix.md", "--fast"]
     assert results.block_key("kit.matrix", argv) == "kit.matrix match=tiny-llama-swa fast"
     assert results.block_key("kit.matrix", ["--write=x.md"]) == "kit.matrix"
+    assert results.block_key("kit bench", ["--patch-overhead", "--force", "--write", "b.md"],
+                             skip=("--write", "--force")) == "kit bench patch-overhead"
     key = results.block_key("kit bench", ["--pd", "1:none>1:none", "--patch-cost", "--env", "A=--b"])
     assert key == "kit bench pd=1:none>1:none patch-cost env=A=-b"
     assert "--" not in key
