@@ -95,10 +95,14 @@ t_w = W.FloatSlider(value=0.0, min=0.0, max=1.5, step=0.1, description="temperat
 p_w = W.Textarea(value=prompts[0], description="prompt")
 out = W.Output()
 def _run(_):
-    with out:
-        out.clear_output()
-        r = engine.generate(Topology(model=MODEL, pp=pp_w.value, spec=f"mtp:{k_w.value}"), [p_w.value],
-                            max_tokens=MAX_TOKENS, temperature=t_w.value, seed=0)
-        print(r.texts[0]); print(r.spec)
+    btn.disabled = True  # one engine at a time: the button comes back when this one has stopped
+    try:
+        with out:
+            out.clear_output()
+            r = engine.generate(Topology(model=MODEL, pp=pp_w.value, spec=f"mtp:{k_w.value}"), [p_w.value],
+                                max_tokens=MAX_TOKENS, temperature=t_w.value, seed=0)
+            print(r.texts[0]); print(r.spec)
+    finally:
+        btn.disabled = False
 btn = W.Button(description="Run"); btn.on_click(_run)
 display(W.VBox([k_w, pp_w, t_w, p_w, btn, out]))
