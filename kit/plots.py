@@ -51,3 +51,40 @@ def token_match(reference: list[list[int]], got: list[list[int]], title: str = "
                                hovertemplate="prompt %{y}, position %{x}: %{z}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="generated position", yaxis_title="prompt", height=320)
     return fig
+
+
+def eagle3_name_grid(by_count: dict[str, dict[int, list[dict]]], title: str = "Layer names per PP rank"):
+    """Side by side, one panel per count ("total", "per_rank"): a row per (PP size, rank), a box per
+    attention layer name; target layers blue, the draft layer orange, a draft name that clashes with a
+    target layer on its rank red. ``by_count[count][pp]`` is :func:`kit.placement.eagle3_layer_names` output."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    counts = list(by_count)
+    fig = make_subplots(rows=1, cols=len(counts), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"draft numbered after the {c.replace('_', '-')} count" for c in counts])
+    seen = set()
+    for col, count in enumerate(counts, start=1):
+        for pp, ranks in by_count[count].items():
+            for r in ranks:
+                y = f"PP={pp} rank {r['pp_rank']}"
+                boxes = [(n, "target layer", "#3182bd") for n in r["target"]]
+                if r["draft"]:
+                    boxes.append((r["draft"], "draft layer, name clashes" if r["clash"] else "draft layer",
+                                  "#de2d26" if r["clash"] else "#e6550d"))
+                for name, kind, color in boxes:
+                    idx = int(name.split(".")[2])
+                    x = idx + (0.0 if kind == "target layer" else 0.25)
+                    fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text", text=[f"L{idx}"],
+                                             textposition="middle center", name=kind, legendgroup=kind,
+                                             showlegend=kind not in seen,
+                                             marker=dict(size=30, color=color, symbol="square",
+                                                         line=dict(width=2 if "clash" in kind else 0, color="black")),
+                                             textfont=dict(color="white"),
+                                             hovertext=f"{y}: {name} ({kind})", hoverinfo="text"), row=1, col=col)
+                    seen.add(kind)
+        fig.update_xaxes(title_text="layer index in the name: model.layers.i", dtick=1, row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    n_rows = sum(len(v) for v in next(iter(by_count.values())).values())
+    fig.update_layout(title=title, height=140 + 38 * n_rows, legend=dict(orientation="h", y=-0.15))
+    return fig

@@ -13,6 +13,15 @@
 # each layer's attention kind (sliding window or full) in its own `layer_types` by a draft-relative index
 # `layer_idx - target_layer_count`. Which count is right under PP: the layers on this rank
 # (`model_config.get_num_layers(parallel_config)`) or all of them (`get_total_num_hidden_layers()`)?
+# And what exactly goes wrong with the per-rank count?
+#
+# **The short answer, checked below on vLLM 0.32's code and on live engines:** one number, `target_layer_num`,
+# gives the draft layer both its *name* (`model.layers.<target_layer_num>`) and the count subtracted for the
+# `layer_types` lookup. With either count the lookup lands on the draft's `layer_types[0]`; what the per-rank count
+# breaks is the *name*. On the last rank it can be the name of a target layer that lives there too: vLLM refuses
+# to build it (`Duplicate layer name`). At other PP sizes the name points at a target layer on another rank and the
+# engine starts without a clash. Saying that the per-rank count "corrupts `layer_types` indexing" is loose: the
+# index stays right, the name does not.
 #
 # The target here, `tiny-llama-swa`, has 4 layers with `layer_types` alternating sliding / full; its Eagle3 draft
 # has one sliding layer and reads the target's hidden states after layers 1, 2 and 3 (`eagle_aux_hidden_state_layer_ids`).
@@ -25,6 +34,8 @@ NUM_PROMPTS = 4
 MAX_TOKENS = 24
 PATCHES = "all"                                         # the fixed run (CI breaks the claim with the legacy patch)
 LEGACY_PATCHES = "all,eagle3_per_rank_layers_legacy"   # the old behaviour, reproduced on real vLLM code
+PP_SIZES_TABLE = [1, 2, 3, 4]   # the PP sizes drawn and predicted below (no engine starts for these)
+NO_CLASH_PP = 4                 # a PP size where the per-rank name lands without a clash, run live
 
 # %%
 import kit
@@ -41,7 +52,67 @@ print("target layer_types:", t.config["layer_types"], " sliding_window:", t.conf
 print("draft  layer_types:", d.config["layer_types"], " aux layers:", d.config["eagle_aux_hidden_state_layer_ids"])
 
 # %% [markdown]
+# ## What vLLM 0.32's code does with the count
+# Read from the installed vLLM (not copied here): `Eagle3LlamaForCausalLM.__init__` in `llama_eagle3.py` computes
+# `target_layer_num` once and passes it on twice; `LlamaAttention.__init__` in `llama.py` parses the layer index
+# back out of the layer's name (its `prefix`) and subtracts the same number.
+
+# %%
+import inspect
+from vllm.model_executor.models import llama, llama_eagle3
+eagle3_src = inspect.getsource(llama_eagle3.Eagle3LlamaForCausalLM.__init__)
+attn_src = inspect.getsource(llama.LlamaAttention.__init__)
+for line in eagle3_src.splitlines():
+    if "target_layer_num" in line:
+        print("llama_eagle3.py:", line.strip())
+for line in attn_src.splitlines():
+    if "extract_layer_index(prefix)" in line or "layer_idx - config.target_layer_count" in line:
+        print("llama.py       :", line.strip())
+with open(llama_eagle3.__file__) as f:
+    assert 'prefix=maybe_prefix(prefix, f"layers.{layer_idx + start_layer_id}")' in f.read()
+assert "target_layer_num = vllm_config.model_config.get_total_num_hidden_layers()" in eagle3_src
+assert "self.config.target_layer_count = target_layer_num" in eagle3_src
+assert "start_layer_id=target_layer_num" in eagle3_src
+assert "layer_idx = extract_layer_index(prefix)" in attn_src
+assert "effective_layer_idx = layer_idx - config.target_layer_count" in attn_src
+print("checked: the draft layer's name index and the subtracted count are the same number, target_layer_num")
+
+# %% [markdown]
+# So the draft's first layer is named `model.layers.<0 + target_layer_num>` and its `layer_types` index is
+# `target_layer_num - target_layer_count = 0`, whatever count `target_layer_num` holds. The count only moves the
+# *name*. Below, the names each rank builds, for every PP size in `PP_SIZES_TABLE`, with the total count (vLLM 0.32)
+# and the per-rank count (the old code): the target layers split by vLLM's own `get_pp_indices`, the draft layer on
+# the last rank, in red when its name is already taken by a target layer on that rank.
+
+# %%
+from kit import plots
+from kit.placement import eagle3_layer_names
+n_layers = t.config["num_hidden_layers"]
+names = {c: {pp: eagle3_layer_names(n_layers, pp, c) for pp in PP_SIZES_TABLE} for c in ("total", "per_rank")}
+plots.eagle3_name_grid(names, title=f"{MODEL}: {n_layers} target layers + 1 Eagle3 draft layer, names per PP rank").show()
+clashing = {c: [pp for pp in PP_SIZES_TABLE if names[c][pp][-1]["clash"]] for c in names}
+for pp in PP_SIZES_TABLE:
+    tot, per = names["total"][pp][-1], names["per_rank"][pp][-1]
+    print(f"PP={pp}: last rank holds {len(per['target'])} of {n_layers} layers; draft named {tot['draft']} (total) "
+          f"vs {per['draft']} (per-rank){' -> CLASH' if per['clash'] else ''}")
+
+# %%
+# The rule the picture shows: the per-rank name model.layers.<n_last> is taken on the last rank exactly when that
+# rank holds target layer n_last, i.e. when it holds at least half of the layers (and PP > 1).
+for pp in PP_SIZES_TABLE:
+    last_names = names["per_rank"][pp][-1]
+    n_last = len(last_names["target"])
+    assert last_names["clash"] == (pp > 1 and n_last >= n_layers - n_last), (pp, last_names)
+    assert names["total"][pp][-1]["clash"] is False, pp
+    assert {names[c][pp][-1]["layer_types_index"] for c in names} == {0}, pp
+assert clashing["total"] == [], clashing
+print("claim holds: with the total count no PP size clashes; with the per-rank count PP sizes", clashing["per_rank"],
+      "clash and", [pp for pp in PP_SIZES_TABLE if pp > 1 and pp not in clashing["per_rank"]],
+      "do not; the layer_types index is 0 with either count")
+
+# %% [markdown]
 # ## The fixed behaviour (vLLM 0.32 + the kit), read from the live engine
+# One engine at `PP` with the drafter (about 60 s on 2 cores, then a reference engine of about 45 s further down).
 
 # %%
 from kit import engine
@@ -77,9 +148,9 @@ fig.update_layout(title=f"Attention layers per PP rank (PP={PP}): name and kind"
 fig.show()
 
 # %% [markdown]
-# **What it shows:** the draft's layer is named after *all* target layers (`model.layers.4` for a 4-layer target), so
-# on the last rank it sits next to the target's own layers without a name clash, and its draft-relative index
-# `4 - 4 = 0` picks `layer_types[0]` = sliding, as its config says.
+# **What it shows:** the draft's layer is named after *all* target layers (`model.layers.<total>`), so on the last
+# rank it sits next to the target's own layers without a name clash, and its draft-relative index
+# `total - total = 0` picks the draft's `layer_types[0]`, as its config says (printed above).
 
 # %%
 draft_layers = last["draft"]["attn_layers"]
@@ -94,10 +165,10 @@ assert fixed_tokens == ref.token_ids, "Eagle3 at PP=2 diverged from the referenc
 print("claim holds: total-count indexing, no clash, right attention kind, tokens identical; drafts:", fixed_spec)
 
 # %% [markdown]
-# ## The old behaviour: the per-rank count
+# ## The old behaviour: the per-rank count, where the picture predicts a clash
 # The kit's teaching patch `eagle3_per_rank_layers_legacy` makes the drafter use `get_num_layers(parallel_config)`
-# (what vLLM did before the seed PR). At PP=2 the last rank holds 2 of the 4 layers, so the draft layer becomes
-# `model.layers.2` — the name of a target layer that lives on that same rank.
+# (what vLLM did before the seed PR) for `target_layer_num`. The engine below runs at `PP`; the picture above
+# predicts its draft layer's name (about 40 s on 2 cores until the last rank refuses).
 
 # %%
 legacy_err, legacy = None, None
@@ -125,3 +196,34 @@ else:
     target_on_last = {int(k.split(".")[2]) for k in last["target_attn_layers"] if k not in last["draft"]["attn_layers"]}
     assert per_rank in target_on_last, (per_rank, target_on_last)
 print("as expected: with the per-rank count the draft layer takes the name of target layer", legacy and legacy["per_rank_layers"])
+
+# %% [markdown]
+# ## The per-rank count where the picture predicts no clash
+# At `NO_CLASH_PP` the last rank holds fewer than half of the target layers, so the per-rank name points at a
+# target layer that lives on *another* rank. Nothing on the last rank holds that name, and the engine starts
+# (about 60 s on 2 cores). The `layer_types` lookup still reads index 0: the draft layer's attention kind is the
+# one its config asks for.
+
+# %%
+topo_nc = Topology(model=MODEL, random_weights=True, pp=NO_CLASH_PP, spec=SPEC)
+res_nc = engine.run(topo_nc, [{"kind": "rpc", "method": "kit_eagle3_layers"}], env={"KIT_PATCHES": LEGACY_PATCHES})
+ranks_nc = sorted(res_nc["jobs"][0], key=lambda r: r["pp_rank"])
+last_nc = ranks_nc[-1]
+predicted = names["per_rank"][NO_CLASH_PP][-1] if NO_CLASH_PP in PP_SIZES_TABLE else eagle3_layer_names(n_layers, NO_CLASH_PP, "per_rank")[-1]
+draft_nc = last_nc["draft"]["attn_layers"]
+where = {int(k.split(".")[2]): r["pp_rank"] for r in ranks_nc for k in r["target_attn_layers"]
+         if r["draft"] is None or k not in r["draft"]["attn_layers"]}
+print("per-rank count on the last rank:", last_nc["per_rank_layers"], " draft target_layer_count:", last_nc["draft"]["target_layer_count"])
+print("draft attention layers:", draft_nc)
+print("predicted draft name  :", predicted["draft"], "| target layer", int(predicted["draft"].split(".")[2]),
+      "lives on rank", where.get(int(predicted["draft"].split(".")[2])))
+
+# %%
+assert not predicted["clash"], f"PP={NO_CLASH_PP} is predicted to clash: pick a PP size the picture shows without one"
+assert last_nc["draft"]["target_layer_count"] == last_nc["per_rank_layers"] != last_nc["total_layers"]
+assert all(n.startswith(predicted["draft"] + ".") for n in draft_nc), (predicted["draft"], draft_nc)
+assert where[int(predicted["draft"].split(".")[2])] != last_nc["pp_rank"], where
+assert all(bool(v["sliding_window"]) == want_sliding for v in draft_nc.values()), draft_nc
+print(f"claim holds: at PP={NO_CLASH_PP} the per-rank count names the draft layer {predicted['draft']}, a target layer "
+      f"of rank {where[int(predicted['draft'].split('.')[2])]}, no clash on the last rank, and the attention kind "
+      "is still the draft's layer_types[0]")
