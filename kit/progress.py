@@ -160,10 +160,14 @@ class Status:
                 self.feed(line)
         self._draw(final or ("failed" if failed else "done"))
         if self.bar is not None:
-            if failed and hasattr(self.bar, "disp"):  # the notebook widget: a red bar
+            widget = hasattr(self.bar, "container")  # tqdm.notebook
+            if failed and widget:
                 self.bar.disp(bar_style="danger")
             self.bar.close()
             self.bar = None
+            if widget:
+                # A saved notebook keeps no widget state: leave the final line as text in the cell's output.
+                print(self.text, flush=True)
 
     def __enter__(self) -> "Status":
         return self
