@@ -88,3 +88,66 @@ def eagle3_name_grid(by_count: dict[str, dict[int, list[dict]]], title: str = "L
     n_rows = sum(len(v) for v in next(iter(by_count.values())).values())
     fig.update_layout(title=title, height=140 + 38 * n_rows, legend=dict(orientation="h", y=-0.15))
     return fig
+
+
+def conditional_rates(per_position: list[int], num_drafts: int) -> list[float]:
+    """Acceptance at draft position i given positions 1..i-1 were accepted (a draft is kept only after its
+    whole prefix is): accepted[i] / accepted[i-1], and accepted[0] / rounds for position 1."""
+    out, prev = [], num_drafts
+    for n in per_position:
+        out.append(n / prev if prev else 0.0)
+        prev = n
+    return out
+
+
+def expected_length(a: float | list[float], k: int) -> float:
+    """Expected tokens per verify round with k drafts: 1 + sum_i prod_{j<=i} a_j. For one rate a this is
+    (1 - a^(k+1)) / (1 - a); with a list of per-position conditional rates, each position uses its own."""
+    rates = [a] * k if isinstance(a, (int, float)) else list(a)[:k]
+    total, p = 1.0, 1.0
+    for r in rates:
+        p *= r
+        total += p
+    return total
+
+
+def acceptance_panels(rates: dict[tuple[int, int], list[float]], ks: list[int], pps: list[int],
+                      title: str = "Acceptance per draft position, one panel per k"):
+    """``rates[(pp, k)]``: per-position values. One panel per k; the first PP size as bars, the others as
+    markers on top (equal runs put each marker on its bar's top)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=len(ks), shared_yaxes=True, subplot_titles=[f"k={k}" for k in ks])
+    colors = ["#9ecae1", "#e6550d", "#31a354", "#756bb1"]
+    for col, k in enumerate(ks, start=1):
+        for i, pp in enumerate(pps):
+            y = rates[(pp, k)]
+            x = [f"pos {j + 1}" for j in range(len(y))]
+            kw = dict(name=f"PP={pp}", legendgroup=f"PP={pp}", showlegend=col == 1,
+                      hovertemplate=f"PP={pp}, k={k}, %{{x}}: %{{y:.3f}}<extra></extra>")
+            if i == 0:
+                fig.add_trace(go.Bar(x=x, y=y, marker_color=colors[0], **kw), row=1, col=col)
+            else:
+                c = colors[1 + (i - 1) % (len(colors) - 1)]
+                fig.add_trace(go.Scatter(x=x, y=y, mode="markers", marker=dict(size=26, symbol="line-ew-open", color=c,
+                                         line=dict(width=4, color=c)), **kw), row=1, col=col)
+    fig.update_yaxes(range=[0, 1.05])
+    fig.update_layout(title=title, height=340, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def acceptance_length_vs_k(measured: dict[int, dict[int, float]], a: float, ks: list[int],
+                           title: str = "Tokens per verify round vs k"):
+    """``measured[pp][k]``: mean acceptance length. Drawn against (1 - a^(k+1)) / (1 - a) for one rate a."""
+    import plotly.graph_objects as go
+
+    kk = list(range(0, max(ks) + 1))
+    fig = go.Figure(go.Scatter(x=kk, y=[expected_length(a, k) for k in kk], mode="lines",
+                               name=f"(1 - a^(k+1)) / (1 - a), a = {a:.2f}", line=dict(dash="dash", color="#555")))
+    for i, (pp, by_k) in enumerate(measured.items()):
+        fig.add_trace(go.Scatter(x=list(by_k), y=list(by_k.values()), mode="markers+lines", name=f"measured, PP={pp}",
+                                 marker=dict(size=12 - 4 * i)))
+    fig.update_layout(title=title, xaxis_title="k (drafts per round)", yaxis_title="tokens per target forward",
+                      height=360, xaxis=dict(dtick=1))
+    return fig

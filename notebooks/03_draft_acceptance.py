@@ -56,12 +56,18 @@ import pandas as pd
 display(pd.DataFrame(rows))
 
 # %%
-plots.acceptance_bars([{"label": f"PP={pp}, k={k}", "per_position_rate": results[(pp, k)].spec.per_position_rate}
-                       for pp in PP_SIZES for k in KS]).show()
+rates = {(pp, k): results[(pp, k)].spec.per_position_rate for pp in PP_SIZES for k in KS}
+plots.acceptance_panels(rates, KS, PP_SIZES, title="Accepted drafts / verify rounds, per draft position "
+                        f"(PP={PP_SIZES[0]} bars, other PP sizes as markers)").show()
+cond = {(pp, k): plots.conditional_rates(results[(pp, k)].spec.per_position, results[(pp, k)].spec.num_drafts)
+        for pp in PP_SIZES for k in KS}
+plots.acceptance_panels(cond, KS, PP_SIZES, title="Acceptance at position i given positions 1..i-1 were accepted").show()
 
 # %% [markdown]
 # **What it shows:** position 1 (the MTP head's own prediction) is accepted most often; later positions reuse
-# the same head on its own guesses, so acceptance falls with depth. Bars of the same k at PP=1 and PP=2 are equal.
+# the same head on its own guesses, so acceptance falls with depth (top). A draft at position i only counts when
+# all before it were accepted, so the bottom picture divides by those: how good the head is at depth i once it got
+# there. In every panel the markers of the other PP sizes sit on the PP=1 bars: the split does not change acceptance.
 # Wall-clock tokens/s on 2 CPU cores is honest but not flattering: on a model this small the drafter's forward and
 # the extra verification positions cost a large part of what they save. How much, in this run:
 
@@ -76,6 +82,50 @@ for pp in PP_SIZES:
     lines.append(f"- PP={pp}: without drafts {base:.1f} tokens/s; {per_k}")
 display(Markdown(f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens, generation time only, engine start "
                  "excluded), tokens/s:\n" + "\n".join(lines)))
+
+# %% [markdown]
+# ## Tokens per verify round: measured against the textbook curve
+# If every draft were accepted with one probability *a*, independently of its depth, a round with k drafts would
+# yield (1 - a^(k+1)) / (1 - a) tokens. Below: that curve with *a* = the position-1 rate measured at the smallest k,
+# and the mean acceptance length measured at each k. Where the points fall below the curve, acceptance at depth
+# drops (the conditional rates above).
+
+# %%
+a = cond[(PP_SIZES[0], KS[0])][0]
+measured = {pp: {k: results[(pp, k)].spec.mean_acceptance_length for k in KS} for pp in PP_SIZES}
+plots.acceptance_length_vs_k(measured, a, KS, title=f"{MODEL}: tokens per target forward vs k").show()
+for k in KS:
+    print(f"k={k}: measured {measured[PP_SIZES[0]][k]:.2f}, curve {plots.expected_length(a, k):.2f}, "
+          f"from this k's conditional rates {plots.expected_length(cond[(PP_SIZES[0], k)], k):.2f}")
+
+# %% [markdown]
+# **Try it (no engine starts):** move k and *a*; the first line uses the conditional rates measured at the largest k,
+# the second one rate *a* for every position.
+
+# %%
+import ipywidgets as W
+c_meas = cond[(PP_SIZES[0], KS[-1])]
+def expected_tokens(k=len(c_meas), a=round(a, 2)):
+    print(f"k={k}: measured conditional rates {[round(x, 2) for x in c_meas[:k]]} -> "
+          f"{plots.expected_length(c_meas, k):.2f} tokens per round")
+    print(f"k={k}: one rate a={a:.2f} for every position      -> {plots.expected_length(a, k):.2f} tokens per round")
+W.interact(expected_tokens, k=W.IntSlider(value=len(c_meas), min=1, max=len(c_meas)),
+           a=W.FloatSlider(value=round(a, 2), min=0.0, max=0.99, step=0.01));
+
+# %% [markdown]
+# **Predict, then run:** with one acceptance rate a = 0.8, how many tokens does a round with k = 4 drafts yield,
+# and how many would k = 40 yield? (Think about the limit as k grows.)
+#
+# <details><summary>Answer</summary>
+#
+# (1 - 0.8^5) / 0.2 = 3.36 tokens; as k grows the sum tends to 1 / (1 - a) = 5: past a few drafts, more drafts
+# buy almost nothing, while each still costs a drafter forward and a verify position. The cell below checks it.
+# </details>
+
+# %%
+assert abs(plots.expected_length(0.8, 4) - 3.3616) < 1e-9
+assert abs(plots.expected_length(0.8, 40) - 5.0) < 1e-3
+print("checked: 3.36 tokens at k=4; tends to 1/(1-a) = 5 as k grows")
 
 # %%
 for k in KS:
