@@ -111,6 +111,24 @@ print("claim holds: with the total count no PP size clashes; with the per-rank c
       "do not; the layer_types index is 0 with either count")
 
 # %% [markdown]
+# **Predict, then run:** the same drafter on targets of 5, 6 and 7 layers at PP=2, with the per-rank count. Which
+# of them clash? (vLLM's `get_pp_indices` gives an odd layer out to the first stage at PP=2.)
+#
+# <details><summary>Answer</summary>
+#
+# Only 6. With 5 layers the stages hold 0-2 and 3-4: the draft is named `model.layers.2`, which lives on rank 0.
+# With 6 they hold 0-2 and 3-5: `model.layers.3` is on the last rank, a clash. With 7 they hold 0-3 and 4-6:
+# `model.layers.3` again lives on rank 0. The last rank must hold at least half of the layers. The cell below checks it.
+# </details>
+
+# %%
+answer = {n: eagle3_layer_names(n, 2, "per_rank")[-1] for n in (5, 6, 7)}
+for n, r in answer.items():
+    print(f"{n} layers: last rank holds {r['target']}, draft named {r['draft']}, clash: {r['clash']}")
+assert [n for n, r in answer.items() if r["clash"]] == [6], answer
+print("checked: at PP=2 only the 6-layer target clashes")
+
+# %% [markdown]
 # ## The fixed behaviour (vLLM 0.32 + the kit), read from the live engine
 # One engine at `PP` with the drafter (about 60 s on 2 cores, then a reference engine of about 45 s further down).
 
