@@ -151,3 +151,26 @@ def acceptance_length_vs_k(measured: dict[int, dict[int, float]], a: float, ks: 
     fig.update_layout(title=title, xaxis_title="k (drafts per round)", yaxis_title="tokens per target forward",
                       height=360, xaxis=dict(dtick=1))
     return fig
+
+
+def token_match_side_by_side(reference: list[list[int]], runs: dict[str, list[list[int]]],
+                             title: str = "Tokens vs the reference: green same, red different"):
+    """One heatmap per run (prompts x positions) against the same reference; hover names both tokens."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=len(runs), shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=list(runs))
+    for col, (label, got) in enumerate(runs.items(), start=1):
+        z, text = [], []
+        for ref, g in zip(reference, got):
+            z.append([1 if j < len(g) and g[j] == t else 0 for j, t in enumerate(ref)])
+            text.append([f"reference {t}, got {g[j] if j < len(g) else None}" for j, t in enumerate(ref)])
+        fig.add_trace(go.Heatmap(z=z, zmin=0, zmax=1, colorscale=[[0, "#de2d26"], [1, "#31a354"]], showscale=False,
+                                 text=text, xgap=1, ygap=1,
+                                 hovertemplate="prompt %{y}, position %{x}: %{text}<extra>" + label + "</extra>"),
+                      row=1, col=col)
+        fig.update_xaxes(title_text="generated position", row=1, col=col)
+    fig.update_yaxes(title_text="prompt", row=1, col=1, autorange="reversed")
+    fig.update_layout(title=title, height=160 + 40 * len(reference))
+    return fig
