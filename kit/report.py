@@ -82,13 +82,19 @@ def claims(nb: dict) -> list[str]:
 
 
 def first_figure(nb: dict) -> dict | None:
-    """The first plotly figure among the executed notebook's outputs (its main picture)."""
-    for cell in nb["cells"]:
-        for o in cell.get("outputs", []):
-            fig = o.get("data", {}).get(PLOTLY_MIME)
-            if fig:
-                return fig
-    return None
+    """The notebook's main picture: the plotly figure whose layout has ``meta="main"``, else its first one."""
+    figs = [o["data"][PLOTLY_MIME] for cell in nb["cells"] for o in cell.get("outputs", [])
+            if o.get("data", {}).get(PLOTLY_MIME)]
+    main = [f for f in figs if (f.get("layout") or {}).get("meta") == "main"]
+    return (main or figs or [None])[0]
+
+
+def _inline_md(text: str) -> str:
+    """HTML for one line of Markdown: escaped, with **bold**, *italic* and `code`."""
+    s = html.escape(text)
+    s = re.sub(r"`([^`]+)`", r"<code>\1</code>", s)
+    s = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", s)
+    return re.sub(r"\*(.+?)\*", r"<i>\1</i>", s)
 
 
 def summarize(executed: Path) -> dict:
@@ -136,7 +142,7 @@ def index_html(rows: list[dict], info: dict, when: str) -> str:
         sections.append(f"""
 <section><h2>{html.escape(r['name'])}</h2>
 <p class='meta'>{status} · {r['seconds']:.0f} s · {links}</p>
-<p><b>Question:</b> {html.escape(r['question'])}</p>
+<p><b>Question:</b> {_inline_md(r['question'])}</p>
 <div class='cols'><div><b>Claims that held</b><ul>{claims_html}</ul></div>
 <div class='fig'><b>Main figure</b>{fig}</div></div></section>""")
     return f"""<!doctype html><html><head><meta charset='utf-8'><title>ppmtp-kit report</title>

@@ -29,6 +29,14 @@ def test_summary_has_question_claims_and_first_figure(tmp_path):
     assert s["figure"]["layout"]["title"]["text"] == "main"
 
 
+def test_a_figure_marked_main_is_the_main_figure():
+    cell = lambda fig: {"cell_type": "code", "outputs": [{"output_type": "display_data", "data": {report.PLOTLY_MIME: fig}}]}
+    a, b = {"data": [], "layout": {"title": "a"}}, {"data": [], "layout": {"title": "b", "meta": "main"}}
+    assert report.first_figure({"cells": [cell(a), cell(b)]}) is b
+    assert report.first_figure({"cells": [cell(a)]}) is a
+    assert report.first_figure({"cells": []}) is None
+
+
 def test_question_falls_back_to_the_title():
     nb = {"cells": [{"cell_type": "markdown", "source": ["# Only a title\n", "text"]}]}
     assert report.question(nb) == "Only a title"
