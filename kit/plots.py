@@ -174,3 +174,31 @@ def token_match_side_by_side(reference: list[list[int]], runs: dict[str, list[li
     fig.update_yaxes(title_text="prompt", row=1, col=1, autorange="reversed")
     fig.update_layout(title=title, height=160 + 40 * len(reference))
     return fig
+
+
+def kv_layers_per_rank(layouts: dict[int, list[dict]], num_layers: int,
+                       title: str = "KV cache per PP rank: which layers' KV each rank holds"):
+    """``layouts[pp]``: :func:`kit.placement.placement` output. One row per (PP size, rank), one box per KV
+    cache layer the live worker allocated: target layers blue, a layer numbered past the target's (the MTP
+    layer, named after all target layers) orange. Hover gives the rank's block count."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    seen = set()
+    for pp, ranks in layouts.items():
+        for r in ranks:
+            y = f"PP={pp} rank {r['pp_rank']}"
+            for name in r["kv_cache"].get("layers", []):
+                idx = int(name.split(".")[2])
+                kind = "MTP layer's KV" if idx >= num_layers else "target layer's KV"
+                fig.add_trace(go.Scatter(x=[idx], y=[y], mode="markers+text", text=[f"L{idx}"], name=kind,
+                                         legendgroup=kind, showlegend=kind not in seen, textfont=dict(color="white"),
+                                         marker=dict(size=30, symbol="square",
+                                                     color="#e6550d" if idx >= num_layers else "#3182bd"),
+                                         hovertext=f"{y}: {name}, {r['kv_cache'].get('num_blocks')} blocks "
+                                                   f"of {r['kv_cache'].get('block_size')} tokens", hoverinfo="text"))
+                seen.add(kind)
+    n_rows = sum(len(v) for v in layouts.values())
+    fig.update_layout(title=title, height=140 + 38 * n_rows, xaxis=dict(title="layer index", dtick=1),
+                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.2))
+    return fig

@@ -26,6 +26,10 @@ import kit.compare
 import kit.notebook
 kit.notebook.setup()
 
+# %% [markdown]
+# One engine per PP size in `PP_SIZES`, each started, asked and stopped (on 2 cores about 35 s at PP=2 and
+# 55 s at PP=4).
+
 # %%
 import pandas as pd
 from kit.topology import Topology
@@ -61,9 +65,32 @@ for pp, ranks in layouts.items():
 print("claim holds: layers partitioned, drafter / embedding / LM head where expected")
 
 # %% [markdown]
+# ## The KV cache of each rank
+# **Predict, then look:** at PP=4 with a 4-layer target and one MTP layer, how many layers' KV does each rank
+# allocate, and which rank holds the MTP layer's?
+#
+# <details><summary>Answer</summary>
+#
+# One target layer each, and the last rank one more: the MTP layer's KV (`model.layers.4`, named after all target
+# layers), because the drafter that attends over it runs there. The picture and the cell below read it from the
+# live workers' KV cache configuration.
+# </details>
+
+# %%
+plots.kv_layers_per_rank(layouts, n_layers).show()
+for pp, ranks in layouts.items():
+    last = max(r["pp_rank"] for r in ranks)
+    for r in ranks:
+        got = sorted(int(n.split(".")[2]) for n in r["kv_cache"]["layers"])
+        want = sorted(r["layers"]) + ([n_layers] if r["pp_rank"] == last else [])
+        assert got == want, f"PP={pp} rank {r['pp_rank']}: KV for layers {got}, expected {want}"
+print("claim holds: each rank allocates KV for its own target layers only, and the last rank also for the MTP layer")
+
+# %% [markdown]
 # ## The failure without the kit's drafter guard
 # Stock vLLM 0.32 creates the drafter only on the last rank, but other start-up paths touch `self.drafter` on
-# every rank. Turning the kit's `drafter_only_on_last_rank` patch off shows the crash (caught here).
+# every rank. Turning the kit's `drafter_only_on_last_rank` patch off shows the crash (caught here; about 40 s on
+# 2 cores until the worker fails).
 
 # %%
 from kit.engine import EngineError
