@@ -47,8 +47,9 @@ def eagle3_layer_names(num_layers: int, pp: int, count: str = "total") -> list[d
     look up ``layer_types``. ``count="total"`` is vLLM 0.32 (``get_total_num_hidden_layers()``),
     ``count="per_rank"`` the old ``get_num_layers(parallel_config)``: the layers on the drafter's (last) rank.
     Target layers are split with vLLM's own ``get_pp_indices``. Per rank: ``target`` names, ``draft`` name
-    (last rank only), ``clash`` (the draft's name is a target layer's on the same rank) and
-    ``layer_types_index`` (what the lookup reads; 0 with either count).
+    (last rank only), ``clash`` (the draft's name is a target layer's on the same rank), ``elsewhere`` (the
+    rank whose target layer has the draft's name, if another one) and ``layer_types_index`` (what the lookup
+    reads; 0 with either count).
     """
     from vllm.distributed.utils import get_pp_indices
 
@@ -58,11 +59,13 @@ def eagle3_layer_names(num_layers: int, pp: int, count: str = "total") -> list[d
     for rank in range(pp):
         start, end = get_pp_indices(num_layers, rank, pp)
         names = [f"model.layers.{i}" for i in range(start, end)]
-        row = {"pp": pp, "pp_rank": rank, "target": names, "draft": None, "clash": False, "layer_types_index": None}
+        row = {"pp": pp, "pp_rank": rank, "target": names, "draft": None, "clash": False, "elsewhere": None,
+               "layer_types_index": None}
         if rank == pp - 1:
             target_layer_num = num_layers if count == "total" else end - start
             row["draft"] = f"model.layers.{0 + target_layer_num}"  # layer 0 of the draft, start_layer_id
             row["clash"] = row["draft"] in names
             row["layer_types_index"] = int(row["draft"].split(".")[2]) - target_layer_num
+            row["elsewhere"] = next((r["pp_rank"] for r in rows if row["draft"] in r["target"]), None)
         rows.append(row)
     return rows

@@ -56,7 +56,7 @@ def token_match(reference: list[list[int]], got: list[list[int]], title: str = "
 def eagle3_name_grid(by_count: dict[str, dict[int, list[dict]]], title: str = "Layer names per PP rank"):
     """Side by side, one panel per count ("total", "per_rank"): a row per (PP size, rank), a box per
     attention layer name; target layers blue, the draft layer orange, a draft name that clashes with a
-    target layer on its rank red. ``by_count[count][pp]`` is :func:`kit.placement.eagle3_layer_names` output."""
+    target layer on its rank red, one that a target layer on another rank also has purple. ``by_count[count][pp]`` is :func:`kit.placement.eagle3_layer_names` output."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -70,8 +70,12 @@ def eagle3_name_grid(by_count: dict[str, dict[int, list[dict]]], title: str = "L
                 y = f"PP={pp} rank {r['pp_rank']}"
                 boxes = [(n, "target layer", "#3182bd") for n in r["target"]]
                 if r["draft"]:
-                    boxes.append((r["draft"], "draft layer, name clashes" if r["clash"] else "draft layer",
-                                  "#de2d26" if r["clash"] else "#e6550d"))
+                    if r["clash"]:
+                        boxes.append((r["draft"], "draft layer, name taken on its rank", "#de2d26"))
+                    elif r.get("elsewhere") is not None:
+                        boxes.append((r["draft"], "draft layer, name of a target layer on another rank", "#756bb1"))
+                    else:
+                        boxes.append((r["draft"], "draft layer", "#e6550d"))
                 for name, kind, color in boxes:
                     idx = int(name.split(".")[2])
                     x = idx + (0.0 if kind == "target layer" else 0.25)
@@ -79,7 +83,7 @@ def eagle3_name_grid(by_count: dict[str, dict[int, list[dict]]], title: str = "L
                                              textposition="middle center", name=kind, legendgroup=kind,
                                              showlegend=kind not in seen,
                                              marker=dict(size=30, color=color, symbol="square",
-                                                         line=dict(width=2 if "clash" in kind else 0, color="black")),
+                                                         line=dict(width=2 if "taken" in kind else 0, color="black")),
                                              textfont=dict(color="white"),
                                              hovertext=f"{y}: {name} ({kind})", hoverinfo="text"), row=1, col=col)
                     seen.add(kind)

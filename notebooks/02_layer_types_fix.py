@@ -19,9 +19,11 @@
 # gives the draft layer both its *name* (`model.layers.<target_layer_num>`) and the count subtracted for the
 # `layer_types` lookup. With either count the lookup lands on the draft's `layer_types[0]`; what the per-rank count
 # breaks is the *name*. On the last rank it can be the name of a target layer that lives there too: vLLM refuses
-# to build it (`Duplicate layer name`). At other PP sizes the name points at a target layer on another rank and the
-# engine starts without a clash. Saying that the per-rank count "corrupts `layer_types` indexing" is loose: the
-# index stays right, the name does not.
+# to build it (`Duplicate layer name`). At other PP sizes the name is that of a target layer on *another* rank: no
+# rank holds two layers of one name, but the engine core merges every worker's KV cache specs by layer name, and
+# here the two specs differ (the draft layer is sliding-window, that target layer full attention), so the engine
+# fails later, at KV cache setup (`The KV cache specs for the same layer are different across workers`). Saying
+# that the per-rank count "corrupts `layer_types` indexing" is loose: the index stays right, the name does not.
 #
 # The target here, `tiny-llama-swa`, has 4 layers with `layer_types` alternating sliding / full; its Eagle3 draft
 # has one sliding layer and reads the target's hidden states after layers 1, 2 and 3 (`eagle_aux_hidden_state_layer_ids`).
@@ -82,7 +84,8 @@ print("checked: the draft layer's name index and the subtracted count are the sa
 # `target_layer_num - target_layer_count = 0`, whatever count `target_layer_num` holds. The count only moves the
 # *name*. Below, the names each rank builds, for every PP size in `PP_SIZES_TABLE`, with the total count (vLLM 0.32)
 # and the per-rank count (the old code): the target layers split by vLLM's own `get_pp_indices`, the draft layer on
-# the last rank, in red when its name is already taken by a target layer on that rank.
+# the last rank, in red when its name is already taken by a target layer on that rank, in purple when a target
+# layer on another rank has it.
 
 # %%
 from kit import plots
@@ -106,9 +109,10 @@ for pp in PP_SIZES_TABLE:
     assert names["total"][pp][-1]["clash"] is False, pp
     assert {names[c][pp][-1]["layer_types_index"] for c in names} == {0}, pp
 assert clashing["total"] == [], clashing
+elsewhere = [pp for pp in PP_SIZES_TABLE if names["per_rank"][pp][-1]["elsewhere"] is not None]
 print("claim holds: with the total count no PP size clashes; with the per-rank count PP sizes", clashing["per_rank"],
-      "clash and", [pp for pp in PP_SIZES_TABLE if pp > 1 and pp not in clashing["per_rank"]],
-      "do not; the layer_types index is 0 with either count")
+      "clash on the last rank and", elsewhere, "take the name of a target layer on another rank;",
+      "the layer_types index is 0 with either count")
 
 # %% [markdown]
 # **Predict, then run:** the same drafter on targets of 5, 6 and 7 layers at PP=2, with the per-rank count. Which
@@ -130,7 +134,7 @@ print("checked: at PP=2 only the 6-layer target clashes")
 
 # %% [markdown]
 # ## The fixed behaviour (vLLM 0.32 + the kit), read from the live engine
-# One engine at `PP` with the drafter (about 60 s on 2 cores, then a reference engine of about 45 s further down).
+# One engine at `PP` with the drafter (about 55 s on 2 cores, then a reference engine of about 30 s further down).
 
 # %%
 from kit import engine
@@ -186,7 +190,7 @@ print("claim holds: total-count indexing, no clash, right attention kind, tokens
 # ## The old behaviour: the per-rank count, where the picture predicts a clash
 # The kit's teaching patch `eagle3_per_rank_layers_legacy` makes the drafter use `get_num_layers(parallel_config)`
 # (what vLLM did before the seed PR) for `target_layer_num`. The engine below runs at `PP`; the picture above
-# predicts its draft layer's name (about 40 s on 2 cores until the last rank refuses).
+# predicts its draft layer's name (about 35 s on 2 cores until the last rank refuses).
 
 # %%
 legacy_err, legacy = None, None
@@ -213,35 +217,44 @@ else:
     assert all(n.startswith(f"model.layers.{per_rank}.") for n in names), names
     target_on_last = {int(k.split(".")[2]) for k in last["target_attn_layers"] if k not in last["draft"]["attn_layers"]}
     assert per_rank in target_on_last, (per_rank, target_on_last)
-print("as expected: with the per-rank count the draft layer takes the name of target layer", legacy and legacy["per_rank_layers"])
+print("as expected: with the per-rank count the draft layer takes the name of target layer", last["per_rank_layers"])
 
 # %% [markdown]
-# ## The per-rank count where the picture predicts no clash
-# At `NO_CLASH_PP` the last rank holds fewer than half of the target layers, so the per-rank name points at a
-# target layer that lives on *another* rank. Nothing on the last rank holds that name, and the engine starts
-# (about 60 s on 2 cores). The `layer_types` lookup still reads index 0: the draft layer's attention kind is the
-# one its config asks for.
+# ## The per-rank count where the picture predicts no clash on the last rank
+# At `NO_CLASH_PP` the last rank holds fewer than half of the target layers, so the per-rank name is that of a
+# target layer on *another* rank (purple above). No rank builds two layers of one name, so nothing refuses while the
+# model is built. **Predict** before running (about 55 s on 2 cores): does this engine start?
+#
+# <details><summary>Answer</summary>
+#
+# No. After building the model every worker reports its KV cache spec per layer name, and the engine core merges
+# them into one dict (`get_kv_cache_configs` in `vllm/v1/core/kv_cache_utils.py`: "Different PP stages may have
+# different layer names"). The draft layer and the target layer of the same name then meet there; their specs
+# differ when their attention kinds do, and vLLM stops: `The KV cache specs for the same layer are different across
+# workers`. (Had they been of one kind, the two layers would have been merged silently into one entry.)
+# </details>
 
 # %%
+predicted = eagle3_layer_names(n_layers, NO_CLASH_PP, "per_rank")[-1]
+idx = int(predicted["draft"].split(".")[2])
+target_kind, draft_kind = t.config["layer_types"][idx], d.config["layer_types"][0]
+print(f"PP={NO_CLASH_PP}: the draft layer would be {predicted['draft']} on rank {predicted['pp_rank']}; target layer {idx} "
+      f"lives on rank {predicted['elsewhere']} ({target_kind}), the draft layer is {draft_kind}")
 topo_nc = Topology(model=MODEL, random_weights=True, pp=NO_CLASH_PP, spec=SPEC)
-res_nc = engine.run(topo_nc, [{"kind": "rpc", "method": "kit_eagle3_layers"}], env={"KIT_PATCHES": LEGACY_PATCHES})
-ranks_nc = sorted(res_nc["jobs"][0], key=lambda r: r["pp_rank"])
-last_nc = ranks_nc[-1]
-predicted = names["per_rank"][NO_CLASH_PP][-1] if NO_CLASH_PP in PP_SIZES_TABLE else eagle3_layer_names(n_layers, NO_CLASH_PP, "per_rank")[-1]
-draft_nc = last_nc["draft"]["attn_layers"]
-where = {int(k.split(".")[2]): r["pp_rank"] for r in ranks_nc for k in r["target_attn_layers"]
-         if r["draft"] is None or k not in r["draft"]["attn_layers"]}
-print("per-rank count on the last rank:", last_nc["per_rank_layers"], " draft target_layer_count:", last_nc["draft"]["target_layer_count"])
-print("draft attention layers:", draft_nc)
-print("predicted draft name  :", predicted["draft"], "| target layer", int(predicted["draft"].split(".")[2]),
-      "lives on rank", where.get(int(predicted["draft"].split(".")[2])))
+nc_err = None
+try:
+    res_nc = engine.run(topo_nc, [{"kind": "rpc", "method": "kit_eagle3_layers"}], env={"KIT_PATCHES": LEGACY_PATCHES})
+    print("started; draft attention layers:", sorted(res_nc["jobs"][0], key=lambda r: r["pp_rank"])[-1]["draft"]["attn_layers"])
+except engine.EngineError as e:
+    nc_err = str(e)
+    print("\n".join(l for l in nc_err.splitlines() if "Error" in l or "died" in l))
 
 # %%
-assert not predicted["clash"], f"PP={NO_CLASH_PP} is predicted to clash: pick a PP size the picture shows without one"
-assert last_nc["draft"]["target_layer_count"] == last_nc["per_rank_layers"] != last_nc["total_layers"]
-assert all(n.startswith(predicted["draft"] + ".") for n in draft_nc), (predicted["draft"], draft_nc)
-assert where[int(predicted["draft"].split(".")[2])] != last_nc["pp_rank"], where
-assert all(bool(v["sliding_window"]) == want_sliding for v in draft_nc.values()), draft_nc
-print(f"claim holds: at PP={NO_CLASH_PP} the per-rank count names the draft layer {predicted['draft']}, a target layer "
-      f"of rank {where[int(predicted['draft'].split('.')[2])]}, no clash on the last rank, and the attention kind "
-      "is still the draft's layer_types[0]")
+assert not predicted["clash"] and predicted["elsewhere"] not in (None, predicted["pp_rank"]), predicted
+assert target_kind != draft_kind, "this lesson needs a target layer of another attention kind under the draft's name"
+assert nc_err is not None, f"PP={NO_CLASH_PP} with the per-rank count started"
+assert "The KV cache specs for the same layer are different across workers" in nc_err, nc_err
+assert "Duplicate layer name" not in nc_err, nc_err
+print(f"claim holds: at PP={NO_CLASH_PP} the per-rank count names the draft layer {predicted['draft']}, a target layer of "
+      f"rank {predicted['elsewhere']}; no rank refuses the name, and the engine core stops at KV cache setup because "
+      f"the two layers' specs ({draft_kind} vs {target_kind}) differ")

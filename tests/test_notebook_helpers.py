@@ -23,6 +23,7 @@ def test_eagle3_names_per_rank_follow_vllms_split():
     assert {pp: rows[-1]["draft"] for pp, rows in per_rank.items()} == {1: "model.layers.4", 2: "model.layers.2",
                                                                       3: "model.layers.1", 4: "model.layers.1"}
     assert [pp for pp, rows in per_rank.items() if rows[-1]["clash"]] == [2]
+    assert {pp: rows[-1]["elsewhere"] for pp, rows in per_rank.items()} == {1: None, 2: None, 3: 1, 4: 1}
     assert all(rows[-1]["layer_types_index"] == 0 for rows in list(total.values()) + list(per_rank.values()))
     assert all(r["draft"] is None for rows in per_rank.values() for r in rows[:-1])
     with pytest.raises(ValueError):
