@@ -27,6 +27,10 @@ import kit.compare
 import kit.notebook
 kit.notebook.setup()
 
+# %% [markdown]
+# One engine per (PP size, k), k = 0 being the plain engine: about 35 s each on 2 cores, so about 6 minutes for the
+# 10 engines of the defaults (the CI parameters start 6, about 4 minutes). Each engine shows its status line.
+
 # %%
 import time
 from kit import engine, plots
@@ -69,7 +73,7 @@ plots.acceptance_panels(cond, KS, PP_SIZES, title="Acceptance at position i give
 # all before it were accepted, so the bottom picture divides by those: how good the head is at depth i once it got
 # there. In every panel the markers of the other PP sizes sit on the PP=1 bars: the split does not change acceptance.
 # Wall-clock tokens/s on 2 CPU cores is honest but not flattering: on a model this small the drafter's forward and
-# the extra verification positions cost a large part of what they save. How much, in this run:
+# the extra verification positions eat much, or all, of what they save. How much, in this run:
 
 # %%
 from IPython.display import Markdown
@@ -87,8 +91,8 @@ display(Markdown(f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens, ge
 # ## Tokens per verify round: measured against the textbook curve
 # If every draft were accepted with one probability *a*, independently of its depth, a round with k drafts would
 # yield (1 - a^(k+1)) / (1 - a) tokens. Below: that curve with *a* = the position-1 rate measured at the smallest k,
-# and the mean acceptance length measured at each k. Where the points fall below the curve, acceptance at depth
-# drops (the conditional rates above).
+# and the mean acceptance length measured at each k. Points above the curve mean deeper drafts were accepted more
+# often than that single rate predicts, points below it less often (the conditional rates above say which).
 
 # %%
 a = cond[(PP_SIZES[0], KS[0])][0]
@@ -147,7 +151,8 @@ assert sampled.spec.num_drafts > 0
 
 # %% [markdown]
 # ## Try it yourself
-# Pick k, PP, temperature and a prompt, then press Run (widgets; the defaults above run headless).
+# Pick k, PP, temperature and a prompt, then press Run (widgets; the defaults above run headless). Each press starts
+# one engine, about 35 s on 2 cores at PP=1 or 2 and about 55 s at PP=4; the button stays disabled meanwhile.
 
 # %%
 import ipywidgets as W
