@@ -120,7 +120,8 @@ def _figure_html(fig: dict) -> str:
     import plotly.io as pio
 
     f = go.Figure(fig)
-    f.update_layout(height=min(f.layout.height or 420, 420), width=None, margin=dict(l=40, r=20, t=50, b=40))
+    f.update_layout(height=min(f.layout.height or 420, 420), width=None, margin=dict(l=40, r=20, t=90, b=40),
+                    title_font_size=13)
     return pio.to_html(f, include_plotlyjs=False, full_html=False, default_width="100%", default_height="380px",
                        config={"displaylogo": False})
 
