@@ -175,8 +175,9 @@ def token_match_side_by_side(reference: list[list[int]], runs: dict[str, list[li
                                  hovertemplate="prompt %{y}, position %{x}: %{text}<extra>" + label + "</extra>"),
                       row=1, col=col)
         fig.update_xaxes(title_text="generated position", row=1, col=col)
-    fig.update_yaxes(title_text="prompt", row=1, col=1, autorange="reversed")
-    fig.update_layout(title=title, height=160 + 40 * len(reference))
+    fig.update_yaxes(autorange="reversed", dtick=1)
+    fig.update_yaxes(title_text="prompt", row=1, col=1)
+    fig.update_layout(title=title, height=200 + 45 * len(reference))
     return fig
 
 
