@@ -106,8 +106,8 @@ from kit import engine
 from kit.compare import first_divergence
 broken = engine.generate(topo, prompts, max_tokens=MAX_TOKENS, env={"KIT_PATCHES": BREAK_PATCHES})
 ref_ids = cmp.reference.token_ids
-plots.token_match_side_by_side(ref_ids, {f"KIT_PATCHES={BREAK_PATCHES}": broken.token_ids,
-                                         "all patches (the run above)": cmp.result.token_ids},
+plots.token_match_side_by_side(ref_ids, {"pp_spec_schedule_gate off": broken.token_ids,
+                                         "all patches on (the run above)": cmp.result.token_ids},
                                title=f"{topo.label()}: the same prompts with the gate off and on (red = not the reference's token)"
                                ).update_layout(meta="main").show()   # meta="main": the report's thumbnail
 wrong = [(i, j, g) for i, (r, b) in enumerate(zip(ref_ids, broken.token_ids)) for j, (x, g) in enumerate(zip(r, b)) if x != g]
