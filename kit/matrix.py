@@ -77,6 +77,13 @@ for pp in (2, 4):
         CELLS.append(Cell("tiny-llama-swa", True, pp, f"eagle3:{k}"))
         CELLS.append(Cell("tiny-glm4-moe", True, pp, f"mtp:{k}"))
 CELLS.append(Cell("tiny-deepseek-v3", True, 2, "mtp:2", ref_pp=2))
+# Qwen3.5 (Gated-DeltaNet + full attention hybrid, qwen3_5_mtp drafter), seeded random weights: PP 1/2/4 x k 1..3,
+# and max_num_seqs below the prompt count (requests leave and re-enter the batch: the per-request recurrent state
+# in each stage's mamba cache must survive). bf16 and prefix caching off come from kit.topology.model_requirements.
+for pp in (1, 2, 4):
+    for k in (1, 2, 3):
+        CELLS.append(Cell("tiny-qwen3_5", True, pp, f"mtp:{k}", fast=(pp == 2 and k == 2)))
+    CELLS.append(Cell("tiny-qwen3_5", True, pp, "mtp:2", max_num_seqs=3, fast=(pp == 2)))
 # Trained DeepSeek-V3 (kit/tinydeepseek.py, data/models/README.md): PP=1 with speculation is the acceptance
 # baseline for the PP=2 and PP=4 cells.
 for k in (1, 2, 3):
