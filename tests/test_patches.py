@@ -277,3 +277,29 @@ def test_qwen3_5_mtp_imports_without_torchvision(selection):
     else:
         assert got == {"imported": "Qwen3_5MTP", "same_smart_resize": True, "smart_resize": [112, 196],
                        "other_name_error": "torchvision"}, got
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_kv_layout_resolves_when_pp_ranks_hold_different_backends(patched):
+    """pp_kv_layout_intersect: vLLM 0.32's engine core asserts that every worker reports the same supported KV cache
+    layouts; a PP stage of Gated-DeltaNet layers only reports the default (all layouts) while the stage with full
+    attention reports the CPU backend's one (what tiny-qwen3_5 at PP=2 reported). Patched, the engine core's own
+    function resolves the shared layout; truly disjoint lists still fail."""
+    from vllm.config import VllmConfig
+    from vllm.v1.engine import core
+
+    from kit.patches import apply_selected
+
+    apply_selected()
+    fn = core.resolve_kv_cache_layout
+    reported = [["LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC"], ["LBHNC"]]
+    if not patched:
+        with pytest.raises(AssertionError, match="Workers disagree on supported KV cache layouts"):
+            fn.__wrapped__(VllmConfig(), reported)
+        return
+    assert fn.__kit_patch__ == "pp_kv_layout_intersect"
+    cfg = VllmConfig()
+    assert fn(cfg, reported).name == "LBHNC" and cfg.cache_config.kv_cache_layout == "LBHNC"
+    assert fn(VllmConfig(), [["LBNHC", "LBHNC"], ["LBNHC", "LBHNC"]]).name == "LBNHC"  # agreeing lists: as before
+    with pytest.raises(ValueError, match="No KV cache layout is supported by every"):
+        fn(VllmConfig(), [["LBNHC"], ["LBHNC"]])
