@@ -287,7 +287,7 @@ class Topology:
 def model_requirements(info: ModelInfo, device: str, spec: Spec | None) -> tuple[str | None, dict[str, Any]]:
     """What a model family needs from vLLM 0.32 beyond the topology: ``(dtype or None, extra engine args)``.
 
-    The one place for model-specific settings (measured on vLLM 0.32.0 CPU, ``docs/findings.md#qwen35-hybrid-gdn``):
+    The one place for model-specific settings (measured on vLLM 0.32.0 CPU, ``docs/findings.md#qwen35-hybrid-gdn-under-pp-and-mtp``):
 
     - Gated-DeltaNet layers (``layer_types`` with ``linear_attention``: Qwen3.5, Qwen3-Next) on CPU need bfloat16:
       the CPU GDN kernel asserts it ("CPU GDN attention requires BF16."). The kit's float32 default gives way to it
