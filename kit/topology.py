@@ -5,6 +5,9 @@ runs (method and k), what PD role the engine plays and with which KV connector, 
 executor backend. It turns into ``vllm.LLM`` keyword arguments (:meth:`Topology.engine_args`), into
 OpenAI-server flags (:meth:`Topology.serve_args`) and into the environment vLLM needs
 (:meth:`Topology.env`). The same topology targets a GPU by setting ``device="cuda"``.
+
+Model-specific engine settings live in one place, :func:`model_requirements`: what a model family needs from
+vLLM 0.32 beyond the topology's own fields (today: hybrid Gated-DeltaNet models such as Qwen3.5).
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ CONNECTORS = {"nixl": "NixlConnector", "nixl-push": "NixlPushConnector"}
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("mp", "ray")
 DTYPES = ("float32", "bfloat16", "float16")
+# Boolean engine args whose False must reach the server as --no-FLAG (vLLM's default may be on).
+_NEGATED_FLAGS = ("enable_prefix_caching",)
 
 
 class TopologyError(ValueError):
@@ -85,6 +90,12 @@ class Topology:
         if isinstance(self.spec, str):
             object.__setattr__(self, "spec", Spec.parse(self.spec))
         self.validate()
+        dtype, _ = model_requirements(self.info, self.device, self.spec)
+        if dtype and self.dtype != dtype:
+            if self.dtype != "float32":  # the kit's default gives way; another explicit choice is an error
+                raise TopologyError(f"model {self.info.name} needs dtype {dtype} on {self.device} "
+                                    f"(see kit.topology.model_requirements), got {self.dtype}")
+            object.__setattr__(self, "dtype", dtype)
 
     # -- validation -------------------------------------------------------------------------
     @property
@@ -209,6 +220,7 @@ class Topology:
             args["max_num_seqs"] = self.max_num_seqs
         if self.max_num_batched_tokens:
             args["max_num_batched_tokens"] = self.max_num_batched_tokens
+        args.update(model_requirements(self.info, self.device, self.spec)[1])
         sc = self.speculative_config()
         if sc:
             args["speculative_config"] = sc
@@ -228,6 +240,8 @@ class Topology:
             if isinstance(value, bool):
                 if value:
                     flags.append(opt)
+                elif key in _NEGATED_FLAGS:  # off where vLLM's default is on: say so explicitly
+                    flags.append("--no-" + opt[2:])
             elif isinstance(value, dict):
                 flags += [opt, json.dumps(value)]
             else:
@@ -268,6 +282,30 @@ class Topology:
         if not self.enforce_eager:
             parts.append("compiled")
         return "/".join(parts)
+
+
+def model_requirements(info: ModelInfo, device: str, spec: Spec | None) -> tuple[str | None, dict[str, Any]]:
+    """What a model family needs from vLLM 0.32 beyond the topology: ``(dtype or None, extra engine args)``.
+
+    The one place for model-specific settings (measured on vLLM 0.32.0 CPU, ``docs/findings.md#qwen35-hybrid-gdn-under-pp-and-mtp``):
+
+    - Gated-DeltaNet layers (``layer_types`` with ``linear_attention``: Qwen3.5, Qwen3-Next) on CPU need bfloat16:
+      the CPU GDN kernel asserts it ("CPU GDN attention requires BF16."). The kit's float32 default gives way to it
+      (:class:`Topology` substitutes it; another explicit dtype is refused).
+    - Hybrid models (linear attention / mamba state beside full attention) with speculative decoding need
+      ``enable_prefix_caching=False``: with prefix caching on, vLLM picks the mamba cache mode ``align``, whose
+      state copy with spec decode fails in ``v1/worker/mamba_utils.py``. The no-spec reference keeps vLLM's default.
+
+    Extra engine args given to a :class:`Topology` (``extra_engine_args``) still win over these.
+    """
+    layer_types = info.config.get("layer_types") or []
+    gdn = "linear_attention" in layer_types
+    hybrid = gdn or any(t in ("mamba", "mamba2") for t in layer_types)
+    dtype = "bfloat16" if gdn and device == "cpu" else None
+    extra: dict[str, Any] = {}
+    if hybrid and spec is not None:
+        extra["enable_prefix_caching"] = False
+    return dtype, extra
 
 
 def _fmt_num(x: float) -> str:

@@ -29,6 +29,29 @@ def _ray_node_id() -> str | None:
     return None
 
 
+def _group_info(group) -> dict:
+    """One KV cache group: its spec kind and layers; for a mamba group (Gated-DeltaNet / Mamba recurrent state)
+    the per-request state shapes and the cache mode (``none``: one state slot per request, ``align``: states
+    kept per block for prefix caching)."""
+    spec = group.kv_cache_spec
+    out = {"spec": type(spec).__name__, "layers": list(group.layer_names)}
+    for name in ("block_size", "page_size_bytes"):
+        try:
+            out[name] = int(getattr(spec, name))
+        except Exception:
+            pass
+    if hasattr(spec, "shapes"):
+        out["state_shapes"] = [list(s) for s in spec.shapes]
+        out["state_dtypes"] = [str(d).replace("torch.", "") for d in spec.dtypes]
+        out["mamba_type"] = str(getattr(spec, "mamba_type", ""))
+        out["mamba_cache_mode"] = getattr(spec, "mamba_cache_mode", None)
+        out["num_speculative_blocks"] = getattr(spec, "num_speculative_blocks", None)
+    return out
+
+
+_DRAFTER_CALLS: dict = {}
+
+
 class KitWorkerExtension:
     """Mixed into vLLM's worker class."""
 
@@ -64,6 +87,7 @@ class KitWorkerExtension:
                 kv["page_size_bytes"] = int(kvc.kv_cache_groups[0].kv_cache_spec.page_size_bytes)
             except Exception:
                 pass
+            kv["groups"] = [_group_info(g) for g in kvc.kv_cache_groups]
         embed = getattr(inner, "embed_tokens", None)
         lm_head = getattr(model, "lm_head", None)
         return {
@@ -111,3 +135,38 @@ class KitWorkerExtension:
                             "draft_layer_types": list(getattr(cfg, "layer_types", None) or []),
                             "attn_layers": layers}
         return out
+
+    def kit_watch_drafter(self) -> dict:
+        """Count this rank's drafter forwards and what they were given (PP intermediates or not), until
+        :meth:`kit_drafter_calls` reads them. Ranks without a drafter report ``watching: False``."""
+        import functools
+
+        from vllm.distributed.parallel_state import get_pp_group
+
+        drafter = getattr(self.model_runner, "drafter", None)
+        dm = getattr(drafter, "model", None) if drafter is not None and not getattr(drafter, "kit_absent", False) else None
+        rank = get_pp_group().rank_in_group
+        if dm is None:
+            return {"pp_rank": rank, "watching": False}
+        inner = getattr(dm, "model", dm)
+        _DRAFTER_CALLS.update(calls=0, with_intermediates=0, model_class=type(dm).__name__,
+                              inner_class=type(inner).__name__)
+        if not getattr(inner.forward, "__kit_watch__", False):
+            orig = inner.forward
+
+            @functools.wraps(orig)
+            def forward(*args, **kwargs):
+                it = kwargs.get("intermediate_tensors", args[3] if len(args) > 3 else None)
+                _DRAFTER_CALLS["calls"] += 1
+                _DRAFTER_CALLS["with_intermediates"] += it is not None
+                return orig(*args, **kwargs)
+
+            forward.__kit_watch__ = True
+            inner.forward = forward
+        return {"pp_rank": rank, "watching": True, "model_class": type(dm).__name__, "inner_class": type(inner).__name__}
+
+    def kit_drafter_calls(self) -> dict:
+        """What :meth:`kit_watch_drafter` counted on this rank: drafter forwards, and how many got PP intermediates."""
+        from vllm.distributed.parallel_state import get_pp_group
+
+        return {"pp_rank": get_pp_group().rank_in_group, **_DRAFTER_CALLS}

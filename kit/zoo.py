@@ -15,8 +15,9 @@ Models (see ``data/models/README.md``, section "Zoo", for what was observed on v
   its ``kit.json`` names the Eagle3 draft ``tiny-llama-swa-eagle3`` (``LlamaForCausalLMEagle3``).
 * ``tiny-glm4-moe``: ``Glm4MoeForCausalLM`` (small MoE), one MTP layer -> ``Glm4MoeMTPModel``.
 * ``tiny-qwen3_5``: ``Qwen3_5ForCausalLM`` (``qwen3_5_text``; 3 Gated-DeltaNet layers + 1 full
-  attention layer, linear head dims 128), ``mtp_num_hidden_layers`` 1 -> ``Qwen3_5MTP``. vLLM needs
-  ``enable_prefix_caching=False`` for it with spec decode.
+  attention layer, linear head dims 128), ``mtp_num_hidden_layers`` 1 -> ``Qwen3_5MTP``. vLLM 0.32 CPU
+  needs bf16 and, with spec decode, ``enable_prefix_caching=False`` (both set by
+  ``kit.topology.model_requirements``), and imports it only with the kit's ``qwen_vl_no_torchvision`` patch.
 
 Usage: ``python -m kit.zoo [--out DIR] [--only NAME ...] [--no-tokenizer]``. The configs and
 manifests are pure functions of this file; the tokenizer is deterministic for a given CPython

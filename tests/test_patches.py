@@ -229,3 +229,77 @@ def test_glm4_moe_stage_without_moe_layers(patched):
     assert fn.__kit_patch__ == "glm4_moe_dense_stage"
     fn(stage, None)
     assert stage.num_logical_experts == 0 and stage.num_local_physical_experts == 0
+
+
+_IMPORT_QWEN3_5_MTP = """
+import json
+from kit.patches import apply_selected
+apply_selected()   # what the vllm.general_plugins entry point does in every vLLM process
+out = {}
+try:
+    import vllm.model_executor.models.qwen3_5_mtp as m
+    out["imported"] = m.Qwen3_5MTP.__name__
+    from transformers.models.qwen2_vl import image_processing_pil_qwen2_vl as pil
+    from transformers.models.qwen2_vl import image_processing_qwen2_vl as tv
+    out["same_smart_resize"] = tv.smart_resize is pil.smart_resize
+    out["smart_resize"] = list(tv.smart_resize(100, 200))
+    try:
+        tv.Qwen2VLImageProcessor
+    except ModuleNotFoundError as e:
+        out["other_name_error"] = e.name
+except ModuleNotFoundError as e:
+    out["error"] = e.name
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("selection", ["patch-off", "patch-on"])
+def test_qwen3_5_mtp_imports_without_torchvision(selection):
+    """qwen_vl_no_torchvision: without torchvision (the CPU setup removes it), vLLM 0.32's Qwen3.5 MTP module fails
+    at import (qwen3_5 -> qwen3_vl -> transformers' torchvision image-processing module); with the patch it imports,
+    the one name vLLM takes from that module is transformers' PIL smart_resize, and any other name still fails
+    naming torchvision. A fresh interpreter per case: an import, once done, cannot be undone in this process."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here: nothing to show")
+    env = dict(os.environ, KIT_PATCHES="all,-qwen_vl_no_torchvision" if selection == "patch-off" else "all")
+    out = subprocess.run([sys.executable, "-c", _IMPORT_QWEN3_5_MTP], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if selection == "patch-off":
+        assert got == {"error": "torchvision"}, f"stock vLLM imports Qwen3.5 without torchvision now: retire the patch ({got})"
+    else:
+        assert got == {"imported": "Qwen3_5MTP", "same_smart_resize": True, "smart_resize": [112, 196],
+                       "other_name_error": "torchvision"}, got
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_kv_layout_resolves_when_pp_ranks_hold_different_backends(patched):
+    """pp_kv_layout_intersect: vLLM 0.32's engine core asserts that every worker reports the same supported KV cache
+    layouts; a PP stage of Gated-DeltaNet layers only reports the default (all layouts) while the stage with full
+    attention reports the CPU backend's one (what tiny-qwen3_5 at PP=2 reported). Patched, the engine core's own
+    function resolves the shared layout; truly disjoint lists still fail."""
+    from vllm.config import VllmConfig
+    from vllm.v1.engine import core
+
+    from kit.patches import apply_selected
+
+    apply_selected()
+    fn = core.resolve_kv_cache_layout
+    reported = [["LBNHC", "LBHNC", "BLNHC", "BLHNC", "BHLNC", "LHBNC"], ["LBHNC"]]
+    if not patched:
+        with pytest.raises(AssertionError, match="Workers disagree on supported KV cache layouts"):
+            fn.__wrapped__(VllmConfig(), reported)
+        return
+    assert fn.__kit_patch__ == "pp_kv_layout_intersect"
+    cfg = VllmConfig()
+    assert fn(cfg, reported).name == "LBHNC" and cfg.cache_config.kv_cache_layout == "LBHNC"
+    assert fn(VllmConfig(), [["LBNHC", "LBHNC"], ["LBNHC", "LBHNC"]]).name == "LBNHC"  # agreeing lists: as before
+    with pytest.raises(ValueError, match="No KV cache layout is supported by every"):
+        fn(VllmConfig(), [["LBNHC"], ["LBHNC"]])

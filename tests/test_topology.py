@@ -94,3 +94,21 @@ def test_random_checkpoint_is_seeded_and_normal_scale(tmp_path, monkeypatch):
     p2 = t.with_(seed=4).model_path()
     assert p2 != p1
     assert (load_file(str(p2 / "model.safetensors"))["model.embed_tokens.weight"] != emb).any()
+
+
+def test_model_requirements_for_hybrid_gdn_models():
+    """Qwen3.5 (Gated-DeltaNet + full attention) on CPU: bf16 (the CPU GDN kernel's only dtype) in place of the
+    kit's float32 default, and prefix caching off with speculative decoding only; other models are untouched."""
+    t = Topology(model="tiny-qwen3_5", random_weights=True, pp=2, spec="mtp:2")
+    assert t.dtype == "bfloat16"
+    args = t.engine_args()
+    assert args["dtype"] == "bfloat16" and args["enable_prefix_caching"] is False
+    ref = t.reference()
+    assert ref.dtype == "bfloat16" and "enable_prefix_caching" not in ref.engine_args()
+    assert "--no-enable-prefix-caching" in t.serve_args() and "--enable-prefix-caching" not in t.serve_args()
+    # Extra engine args still win.
+    assert t.with_(extra_engine_args={"enable_prefix_caching": True}).engine_args()["enable_prefix_caching"] is True
+    with pytest.raises(TopologyError, match="needs dtype bfloat16"):
+        Topology(model="tiny-qwen3_5", random_weights=True, dtype="float16")
+    m = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")
+    assert m.dtype == "float32" and "enable_prefix_caching" not in m.engine_args()

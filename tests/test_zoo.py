@@ -121,3 +121,20 @@ def test_random_checkpoint_from_manifest(tmp_path, monkeypatch):
     info = resolve_model("tiny-llama-swa-eagle3")
     out = random_checkpoint(info, seed=1)
     assert weights_manifest_from_safetensors(out / "model.safetensors") == _read_json(info.path / "weights.json")
+
+
+def test_every_zoo_target_is_in_the_correctness_matrix():
+    """Each zoo model with a drafter has matrix cells at PP 2 and 4 for k 1..3; Qwen3.5 (a recurrent state per
+    request on each stage) also at PP 1, with max_num_seqs below the prompt count."""
+    from kit.matrix import CELLS, NUM_PROMPTS
+
+    for name in zoo.ZOO:
+        if zoo.config(name)["architectures"][0].endswith("Eagle3"):
+            continue
+        cells = {(c.pp, c.spec) for c in CELLS if c.model == name and c.random}
+        for pp in (2, 4):
+            for k in (1, 2, 3):
+                assert any(p == pp and s.endswith(f":{k}") for p, s in cells), (name, pp, k)
+    q = [c for c in CELLS if c.model == "tiny-qwen3_5"]
+    assert {c.pp for c in q} == {1, 2, 4}
+    assert {c.pp for c in q if c.max_num_seqs and c.max_num_seqs < NUM_PROMPTS} == {1, 2, 4}

@@ -72,7 +72,7 @@ def register(patch: Patch) -> Patch:
     return patch
 
 
-_MODULES = ("cpu_amx", "cpu_rope_layout", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history", "eagle3_aux_pp", "glm4_moe_dense_stage",
+_MODULES = ("cpu_amx", "cpu_rope_layout", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history", "eagle3_aux_pp", "glm4_moe_dense_stage", "qwen_vl_no_torchvision", "pp_kv_layout_intersect",
             "nixl_cpu_affinity", "nixl_pp_draft_regions", "nixl_pp_consumer", "nixl_progress", "decode_side_rule", "upstream_checks")
 
 
@@ -95,6 +95,8 @@ def _load_modules() -> None:
         pp_spec_history,
         eagle3_aux_pp,
         glm4_moe_dense_stage,
+        qwen_vl_no_torchvision,
+        pp_kv_layout_intersect,
         nixl_cpu_affinity,
         nixl_pp_consumer,
         nixl_pp_draft_regions,

@@ -8,7 +8,9 @@
   ``get_num_layers(parallel_config)`` (the per-rank count) instead of ``get_total_num_hidden_layers()``,
   corrupting ``layer_types`` indexing under PP. Detected from ``llama_eagle3``'s code.
 - ``qwen3_5_mtp_intermediates`` (seed PR #46003): the Qwen3.5 MTP forward read PP intermediates on
-  non-first ranks. Detected from ``qwen3_5_mtp``'s forward.
+  non-first ranks. Detected from ``qwen3_5_mtp``'s forward (importable here through the kit's
+  ``qwen_vl_no_torchvision`` patch); checked on live PP=2 workers by ``tests/test_qwen3_5.py`` (the drafter only
+  on the last rank, never called with PP intermediates).
 Each is registered with ``needed()`` that returns False when the fix is present (status "upstream").
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ def _eagle3_needed() -> "bool | str":
 def _qwen35_needed() -> "bool | str":
     try:
         from vllm.model_executor.models import qwen3_5_mtp
-    except Exception as e:  # needs torchvision via transformers on some installs
+    except Exception as e:  # without the qwen_vl_no_torchvision patch: needs torchvision via transformers
         return f"not importable here: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     src = inspect.getsource(qwen3_5_mtp)
     return "is_first_rank" in src and "intermediate_tensors is None" not in src

@@ -1,0 +1,54 @@
+"""Qwen3.5 (Gated-DeltaNet + full attention hybrid) with its MTP drafter under PP, on live vLLM workers.
+
+The seed's claim for ``qwen3_5_mtp`` (vLLM #46003): the drafter lives on the last PP rank and never reads PP
+intermediates. ``kit.patches.upstream_checks`` reports it as upstream from the source text; here it is read
+from a running PP=2 engine: where the drafter and each rank's linear-attention (mamba cache) state live, and
+what the drafter's forward was given on every call while it generated.
+"""
+import pytest
+
+from kit import engine
+from kit.compare import load_prompts
+from kit.topology import Topology
+
+pytestmark = pytest.mark.engine
+
+
+def test_qwen3_5_mtp_drafter_lives_on_the_last_rank_and_never_reads_pp_intermediates(no_leftovers):
+    t = Topology(model="tiny-qwen3_5", random_weights=True, pp=2, spec="mtp:2")
+    res = engine.run(t, [{"kind": "rpc", "method": "kit_watch_drafter"}, {"kind": "inspect"},
+                         {"kind": "generate", "prompts": load_prompts(limit=4), "max_tokens": 16},
+                         {"kind": "rpc", "method": "kit_drafter_calls"}], timeout=900)
+    watch, ranks, gen, calls = res["jobs"]
+    ranks = sorted(ranks, key=lambda r: r["pp_rank"])
+    first, last = ranks
+    # Layers: 0-1 (linear attention) on rank 0, 2 (linear) and 3 (full attention) on rank 1.
+    assert first["layer_range"] == [0, 2] and last["layer_range"] == [2, 4]
+    assert last["is_last_rank"] and not first["is_last_rank"]
+    # The drafter: the real Qwen3_5MTP on the last rank only (rank 0 holds the kit's inert stand-in).
+    assert last["drafter"]["model_class"] == "Qwen3_5MTP" and last["drafter"]["params"] > 0
+    assert first["drafter"] is None or first["drafter"]["params"] == 0
+    # Per-rank state: each rank's mamba-cache group holds exactly its own Gated-DeltaNet layers; the full-attention
+    # KV (layer 3 and the drafter's own attention layer) is on the last rank only.
+    def groups(r, kind):
+        return [g for g in r["kv_cache"]["groups"] if g["spec"] == kind]
+
+    def layers(r, kind):
+        return sorted(n for g in groups(r, kind) for n in g["layers"])
+
+    assert layers(first, "MambaSpec") == ["model.layers.0.linear_attn", "model.layers.1.linear_attn"]
+    assert layers(last, "MambaSpec") == ["model.layers.2.linear_attn"]
+    assert not [n for g in first["kv_cache"]["groups"] if g["spec"] != "MambaSpec" for n in g["layers"]], first
+    full = [n for g in last["kv_cache"]["groups"] if g["spec"] != "MambaSpec" for n in g["layers"]]
+    assert "model.layers.3.self_attn.attn" in full and any(n.startswith("mtp.") for n in full), full
+    for g in groups(first, "MambaSpec") + groups(last, "MambaSpec"):
+        assert g["mamba_cache_mode"] == "none", g  # prefix caching off: one state slot per request
+        assert len(g["state_shapes"]) == 2, g   # conv state and the recurrent (delta-rule) state
+    # While generating with drafts: the drafter ran on the last rank only, and never with PP intermediates.
+    assert gen["spec"]["num_drafts"] > 0
+    watch = {w["pp_rank"]: w for w in watch}
+    calls = {c["pp_rank"]: c for c in calls}
+    assert not watch[0]["watching"] and watch[1]["watching"] and watch[1]["inner_class"] == "Qwen3_5MultiTokenPredictor"
+    assert calls[1]["calls"] > 0, calls  # k forwards per step, each drafting for the whole batch
+    assert calls[1]["with_intermediates"] == 0, calls
+    assert "calls" not in calls[0], calls
