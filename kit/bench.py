@@ -2,37 +2,29 @@
 
 Printed tables, not timed tests: each figure is the median of ``--repeats`` fresh engines with min/max.
 Run it on an idle machine (it refuses to start while other vLLM processes run, unless ``--force``).
+``--write FILE`` (e.g. ``docs/results/bench.md``) also writes the printed table into FILE, headed by date,
+machine, versions and the command (:mod:`kit.results`), replacing that command's earlier block.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 
 from .compare import load_prompts
 from .engine import run
 from .procs import leftover_vllm_processes
+from .results import block_key, check_writable, command_line, write_block
+from .results import machine as _machine_hw
 from .topology import Topology
 
 
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def machine() -> str:
-    import psutil
-
-    return (f"{_cpu_name()}, {len(os.sched_getaffinity(0))} cores, "
-            f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}")
+    """``CPU model, N cores, M GiB, Python X`` (the line the printed tables start with)."""
+    return f"{_machine_hw()}, Python {platform.python_version()}"
 
 
 def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | None = None) -> dict:
@@ -127,8 +119,9 @@ TOPOLOGIES = [(pp, spec) for pp in (1, 2, 4) for spec in (None, "mtp:1", "mtp:2"
 
 
 def patch_overhead_table(topo: Topology, prompts: list[str], max_tokens: int, repeats: int,
-                         env: dict | None = None) -> int:
-    """Print each per-step wrapper's own cost and its share of a PP=1, batch-1 decode step measured here."""
+                         env: dict | None = None, out: list[str] | None = None) -> int:
+    """Print each per-step wrapper's own cost and its share of a PP=1, batch-1 decode step measured here
+    (the table's lines are also appended to ``out``)."""
     from .patch_overhead import measure as wrapper_costs
 
     costs = wrapper_costs(num_layers=topo.info.num_layers)
@@ -138,18 +131,22 @@ def patch_overhead_table(topo: Topology, prompts: list[str], max_tokens: int, re
     step_us = 1e6 / max(steps)
     total_ns = sum(c.ns_per_call * c.calls_per_step for c in costs)
     print(f"# kit bench --patch-overhead — {time.strftime('%Y-%m-%d')} — {machine()}")
-    print(f"# PP=1 no-spec decode step, batch 1, {max_tokens} tokens, fastest of {repeats} engines: "
-          f"{step_us:.0f} us ({max(steps):.0f} tok/s)\n")
-    print("| patch | wraps | calls per step | ns per call (wrapper only) | share of a step |")
-    print("|---|---|---|---|---|")
+    lines = [f"PP=1 no-spec decode step, batch 1, {max_tokens} tokens, fastest of {repeats} engines: "
+             f"{step_us:.0f} us ({max(steps):.0f} tok/s)", "",
+             "| patch | wraps | calls per step | ns per call (wrapper only) | share of a step |",
+             "|---|---|---|---|---|"]
     for c in costs:
-        print(f"| {c.patch} | {c.target} | {c.calls_per_step} | {c.ns_per_call:.0f} "
-              f"| {100 * c.ns_per_call * c.calls_per_step / (step_us * 1e3):.3f}% |")
-    print(f"| **all** | | | {total_ns:.0f} | **{100 * total_ns / (step_us * 1e3):.3f}%** |")
+        lines.append(f"| {c.patch} | {c.target} | {c.calls_per_step} | {c.ns_per_call:.0f} "
+                     f"| {100 * c.ns_per_call * c.calls_per_step / (step_us * 1e3):.3f}% |")
+    lines.append(f"| **all** | | | {total_ns:.0f} | **{100 * total_ns / (step_us * 1e3):.3f}%** |")
+    print("# " + lines[0] + "\n\n" + "\n".join(lines[2:]))
+    if out is not None:
+        out.extend(lines)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="kit bench", description=__doc__)
     ap.add_argument("--model", default="tiny-mimo")
     ap.add_argument("--random", action="store_true")
@@ -173,7 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="extra environment for every engine (overrides the topology's), e.g. VLLM_CPU_OMP_THREADS_BIND=0")
     ap.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
+    ap.add_argument("--write", default=None, metavar="FILE",
+                    help="also write the table into FILE (e.g. docs/results/bench.md), replacing this command's block")
     args = ap.parse_args(argv)
+    if args.write and (why := check_writable(args.write)):
+        print(f"kit bench: error: {why}", file=sys.stderr)
+        return 2
     others = leftover_vllm_processes()
     if others and not args.force:
         print("kit bench: other vLLM processes are running; timings would be wrong:\n  " + "\n  ".join(others),
@@ -188,10 +190,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kit bench: error: {e}", file=sys.stderr)
         return 2
     prompts = load_prompts(limit=args.prompts)
+    started = datetime.now(timezone.utc)
+    out: list[str] = []
+
+    def write() -> None:
+        if args.write:
+            write_block(args.write, block_key("kit bench", argv, skip=("--write", "--force")), "\n".join(out),
+                        command_line("kit bench", argv), when=started, title="Benchmarks")
+
     if args.patch_overhead:
-        return patch_overhead_table(Topology(model=args.model, random_weights=args.random, pp=1,
-                                             enforce_eager=not args.compiled), prompts, args.max_tokens,
-                                    args.repeats, extra_env)
+        rc = patch_overhead_table(Topology(model=args.model, random_weights=args.random, pp=1,
+                                           enforce_eager=not args.compiled), prompts, args.max_tokens,
+                                  args.repeats, extra_env, out=out)
+        write()
+        return rc
     cases = []
     for pp in ([] if args.only_extras else [int(x) for x in args.pp.split(",")]):
         for spec in args.spec.split(","):
@@ -216,10 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# kit bench — {time.strftime('%Y-%m-%d')} — {machine()}")
     if extra_env:
         print(f"# extra environment: {extra_env}")
-    print(f"# model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
-          f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, median (min–max) of {args.repeats}\n")
-    print("| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd | peak RSS MiB (largest process) |")
-    print("|---|---|---|---|---|---|---|")
+    what = (f"model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
+            f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, "
+            f"median (min–max) of {args.repeats}")
+    print(f"# {what}\n")
+    out += [what + (f"; extra environment {extra_env}" if extra_env else ""), "",
+            "| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd "
+            "| peak RSS MiB (largest process) |",
+            "|---|---|---|---|---|---|---|"]
+    print("\n".join(out[2:]))
     # Round-robin over the cases (repeat 1 of every case, then repeat 2, ...): slow drifts of a shared
     # machine then hit every case alike instead of whichever ran last.
     runs: dict[str, list[dict]] = {label: [] for label, _, _ in cases}
@@ -239,13 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     for label, _, _ in cases:
         rs = runs[label]
         if label in failed:
-            print(f"| {label} | failed: {failed[label]} |||||| ", flush=True)
+            out.append(f"| {label} | failed: {failed[label]} |||||| ")
+            print(out[-1], flush=True)
         if not rs:
             continue
         rss = max((max(r["peak_rss_mib"].values(), default=0) for r in rs), default=0)
-        print(f"| {label} | {_stat([r['start_s'] for r in rs], '{:.1f}')} | {_stat([r['ttft_s'] for r in rs], '{:.3f}')} "
-              f"| {_stat([r['decode_tok_s'] for r in rs], '{:.1f}')} | {_stat([r['mean_accept_len'] for r in rs])} "
-              f"| {_stat([r['tokens_per_target_forward'] for r in rs])} | {rss} |", flush=True)
+        out.append(f"| {label} | {_stat([r['start_s'] for r in rs], '{:.1f}')} | {_stat([r['ttft_s'] for r in rs], '{:.3f}')} "
+                   f"| {_stat([r['decode_tok_s'] for r in rs], '{:.1f}')} | {_stat([r['mean_accept_len'] for r in rs])} "
+                   f"| {_stat([r['tokens_per_target_forward'] for r in rs])} | {rss} |")
+        print(out[-1], flush=True)
+    write()
     return 0
 
 

@@ -1,18 +1,22 @@
 """The correctness matrix: which topologies must be token-identical to the PP=1, no-spec reference.
 
 One place for the cells, used by ``tests/test_correctness.py`` (the fast subset in CI, everything
-with ``-m slow``) and by ``python -m kit.matrix`` (prints the README table).
+with ``-m slow``) and by ``python -m kit.matrix`` (prints a markdown table; ``--write docs/results/matrix.md``
+also writes it there, headed by date, machine, versions and the command, see :mod:`kit.results`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from .compare import Comparison, compare, load_prompts
 from .engine import GenerationResult, generate
+from .results import block_key, check_writable, command_line, write_block
 from .topology import Topology
 
 
@@ -100,14 +104,23 @@ def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="run the correctness matrix and print a markdown table")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = argparse.ArgumentParser(prog="python -m kit.matrix",
+                                 description="run the correctness matrix and print a markdown table")
     ap.add_argument("--fast", action="store_true", help="only the CI subset")
     ap.add_argument("--match", default="", help="only cells whose id contains this")
     ap.add_argument("--jsonl", default=None, help="append one JSON record per cell here")
+    ap.add_argument("--write", default=None, metavar="FILE",
+                    help="also write the table into FILE (e.g. docs/results/matrix.md), replacing this command's block")
     args = ap.parse_args(argv)
+    if args.write and (why := check_writable(args.write)):
+        print(f"python -m kit.matrix: error: {why}", file=sys.stderr)
+        return 2
     cells = [c for c in CELLS if (c.fast or not args.fast) and args.match in c.id]
-    print(f"| cell | identical | first divergence | drafts | accepted | per position | s |")
-    print("|---|---|---|---|---|---|---|")
+    started, t_start = datetime.now(timezone.utc), time.monotonic()
+    lines = ["| cell | identical | first divergence | drafts | accepted | per position | s |",
+             "|---|---|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
     bad = 0
     for c in cells:
         t0 = time.monotonic()
@@ -124,7 +137,16 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             row = (c.id, "**ERROR**", str(e).splitlines()[0][:120], "", "", "", round(time.monotonic() - t0))
             bad += 1
-        print("| " + " | ".join(str(x) for x in row) + " |", flush=True)
+        lines.append("| " + " | ".join(str(x) for x in row) + " |")
+        print(lines[-1], flush=True)
+    if args.write:
+        note = (f"{len(cells)} cell{'' if len(cells) == 1 else 's'}, {NUM_PROMPTS} prompts x {MAX_TOKENS} new tokens each, greedy, against the "
+                f"no-spec reference of the same weights; {bad} not identical or failed; kit patches "
+                f"{os.environ.get('KIT_PATCHES') or 'all (default)'}; "
+                f"{time.monotonic() - t_start:.0f} s in all (\"s\": per cell, engine starts included).")
+        write_block(args.write, block_key("kit.matrix", argv, skip=("--write", "--jsonl")), note + "\n\n" +
+                    "\n".join(lines), command_line("python -m kit.matrix", argv), when=started,
+                    title="Correctness matrix")
     return 1 if bad else 0
 
 

@@ -4,7 +4,7 @@ A model directory holds ``config.json``, tokenizer files and ``weights.json`` (t
 shapes). A trained model also holds ``model.safetensors``. ``--random`` weights are written by
 :func:`random_checkpoint` from ``weights.json`` with a normal init (std 0.02, norms at 1, biases at 0)
 and a seed: vLLM's ``load_format="dummy"`` fills weights in about +-1e-3, which makes every greedy
-step a near-tie (see the findings note), so the kit never uses it for correctness work.
+step a near-tie (``docs/findings.md#dummy-weights-are-near-ties``), so the kit never uses it for correctness work.
 """
 from __future__ import annotations
 
