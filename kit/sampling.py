@@ -107,6 +107,35 @@ def _theory(reads: list[dict]) -> list[PositionTheory]:
     return out
 
 
+def sweep_jobs(prompts: list[str], temperatures: list[float], max_tokens: int = 64, seed: int = 0) -> list[dict]:
+    """Runner jobs for one engine: the prompts greedy, then sampled at each temperature with the acceptance probe
+    (request i seeded ``seed + i``). Read the results back with :func:`parse_sweep`."""
+    for t in temperatures:
+        if not t > 0 or not math.isfinite(t):
+            raise TopologyError(f"temperature must be a finite number > 0, got {t}")
+    jobs = [{"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens}]
+    for t in temperatures:
+        jobs += [{"kind": "rpc", "method": "kit_probe_start"},
+                 {"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens, "temperature": t,
+                  "seed": seed},
+                 {"kind": "rpc", "method": "kit_probe_read"}]
+    return jobs
+
+
+def parse_sweep(topology: Topology, temperatures: list[float], job_results: list, seed: int = 0,
+                first: int = 0) -> list[SampledAcceptance]:
+    """One :class:`SampledAcceptance` per temperature from a run of :func:`sweep_jobs` (starting at job
+    ``first`` when other jobs came before them)."""
+    jr = job_results[first:]
+    greedy = GenerationResult.from_dict(jr[0])
+    out = []
+    for i, t in enumerate(temperatures):
+        sampled = GenerationResult.from_dict(jr[2 + 3 * i])
+        out.append(SampledAcceptance(topology, t, seed, greedy.spec, sampled.spec, _theory(jr[3 + 3 * i]),
+                                     sampled_result=sampled))
+    return out
+
+
 def sampled_acceptance(topology: Topology, prompts: list[str], temperature: float, seed: int = 0,
                        max_tokens: int = 64, timeout: float = 900.0, env: dict[str, str] | None = None
                        ) -> SampledAcceptance:
@@ -114,18 +143,9 @@ def sampled_acceptance(topology: Topology, prompts: list[str], temperature: floa
     with the acceptance probe on; vLLM's counters for both and the probe's per-position theory."""
     if topology.spec is None:
         raise TopologyError("sampled acceptance needs a drafter: give --spec METHOD:K")
-    if not temperature > 0 or not math.isfinite(temperature):
-        raise TopologyError(f"temperature must be a finite number > 0, got {temperature}")
-    jobs = [{"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens},
-            {"kind": "rpc", "method": "kit_probe_start"},
-            {"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens, "temperature": temperature,
-             "seed": seed},
-            {"kind": "rpc", "method": "kit_probe_read"}]
+    jobs = sweep_jobs(prompts, [temperature], max_tokens=max_tokens, seed=seed)
     res = run(topology, jobs, timeout=timeout, env=env)
-    greedy = GenerationResult.from_dict(res["jobs"][0])
-    sampled = GenerationResult.from_dict(res["jobs"][2])
-    return SampledAcceptance(topology, temperature, seed, greedy.spec, sampled.spec, _theory(res["jobs"][3]),
-                             sampled_result=sampled)
+    return parse_sweep(topology, [temperature], res["jobs"], seed=seed)[0]
 
 
 # -- output distribution -------------------------------------------------------------------------
