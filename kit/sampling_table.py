@@ -15,24 +15,30 @@ from datetime import datetime, timezone
 
 from .compare import load_prompts
 from .results import block_key, check_writable, command_line, write_block
-from .sampling import distribution_check, sampled_acceptance
+from .engine import run
+from .sampling import distribution_check, parse_sweep, sweep_jobs
 from .topology import Spec, Topology
 
 
 @dataclass(frozen=True)
 class Row:
+    """One engine: a topology, the patch selection, and the temperatures sampled on it."""
+
     model: str
     random_weights: bool
     pp: int
     spec: str
-    temperature: float
+    temperatures: tuple[float, ...]
     patches: str = "all"
+
+    def label(self, temperature: float) -> str:
+        w = "random" if self.random_weights else "trained"
+        off = "" if self.patches == "all" else f" [{self.patches}]"
+        return f"{self.model}-{w} PP={self.pp} {self.spec} T={temperature}{off}"
 
     @property
     def id(self) -> str:
-        w = "random" if self.random_weights else "trained"
-        off = "" if self.patches == "all" else f" [{self.patches}]"
-        return f"{self.model}-{w} PP={self.pp} {self.spec} T={self.temperature}{off}"
+        return " ".join(self.label(t) for t in self.temperatures)
 
     def topology(self) -> Topology:
         return Topology(model=self.model, random_weights=self.random_weights, pp=self.pp, spec=Spec.parse(self.spec))
@@ -40,23 +46,20 @@ class Row:
 
 OFF = "all,-cpu_rejection_expand"
 ROWS = [
-    Row("tiny-mimo", False, 1, "mtp:1", 0.05, OFF),
-    Row("tiny-mimo", False, 1, "mtp:1", 0.05),
-    Row("tiny-mimo", False, 2, "mtp:1", 0.05, OFF),
-    Row("tiny-mimo", False, 2, "mtp:1", 0.05),
-    Row("tiny-mimo", False, 1, "mtp:1", 0.3),
-    Row("tiny-mimo", False, 1, "mtp:1", 0.8),
-    Row("tiny-mimo", False, 2, "mtp:1", 0.8),
-    Row("tiny-mimo", False, 4, "mtp:1", 0.8),
-    Row("tiny-mimo", False, 2, "mtp:3", 0.8),
-    Row("tiny-mimo", True, 1, "ngram:2", 0.8),
-    Row("tiny-mimo", True, 2, "ngram:2", 0.8),
-    Row("tiny-mimo", True, 4, "ngram:2", 0.8),
-    Row("tiny-llama-swa", True, 2, "eagle3:2", 0.8),
-    Row("tiny-llama-swa", True, 4, "eagle3:2", 0.8),
+    Row("tiny-mimo", False, 1, "mtp:1", (0.05, 0.8), OFF),
+    Row("tiny-mimo", False, 2, "mtp:1", (0.05,), OFF),
+    Row("tiny-mimo", False, 1, "mtp:1", (0.05, 0.3, 0.8)),
+    Row("tiny-mimo", False, 2, "mtp:1", (0.05, 0.8)),
+    Row("tiny-mimo", False, 4, "mtp:1", (0.05, 0.8)),
+    Row("tiny-mimo", False, 2, "mtp:3", (0.8,)),
+    Row("tiny-mimo", True, 1, "ngram:2", (0.8,)),
+    Row("tiny-mimo", True, 2, "ngram:2", (0.8,)),
+    Row("tiny-mimo", True, 4, "ngram:2", (0.8,)),
+    Row("tiny-llama-swa", True, 2, "eagle3:2", (0.8,)),
+    Row("tiny-llama-swa", True, 4, "eagle3:2", (0.8,)),
 ]
 # (row, samples per context): the output distribution against the plain PP=1 engine at temperature 1.
-DIST_ROWS = [(Row("tiny-mimo", False, 2, "mtp:2", 1.0), 150), (Row("tiny-mimo", False, 1, "mtp:2", 1.0, OFF), 150)]
+DIST_ROWS = [(Row("tiny-mimo", False, 2, "mtp:2", (1.0,)), 150), (Row("tiny-mimo", False, 1, "mtp:2", (1.0,), OFF), 150)]
 
 
 def _fmt(x, nd=3) -> str:
@@ -87,20 +90,25 @@ def main(argv: list[str] | None = None) -> int:
     for row in [r for r in ROWS if args.match in r.id]:
         t0 = time.monotonic()
         try:
-            r = sampled_acceptance(row.topology(), prompts, row.temperature, seed=0, max_tokens=args.max_tokens,
-                                   env={"KIT_PATCHES": row.patches})
+            res = run(row.topology(), sweep_jobs(prompts, list(row.temperatures), max_tokens=args.max_tokens),
+                      env={"KIT_PATCHES": row.patches})
+            runs = parse_sweep(row.topology(), list(row.temperatures), res["jobs"])
+        except Exception as e:
+            lines.append(f"| {row.id} | **ERROR** | {str(e).splitlines()[0][:100]} |  |  |  | "
+                         f"{time.monotonic() - t0:.0f} |")
+            print(lines[-1], flush=True)
+            bad += 1
+            continue
+        secs = f"{time.monotonic() - t0:.0f} (one engine)" if len(runs) > 1 else f"{time.monotonic() - t0:.0f}"
+        for t, r in zip(row.temperatures, runs):
             pos = "; ".join(f"{p.position}: {p.reached} / {p.accepted} / {p.expected:.1f} ({_fmt(p.z, 1)})"
                             for p in r.positions)
-            verdict = "agrees" if r.agrees else "**disagrees**"
             # A row with the fix off is expected to disagree (that is the defect shown); any other must agree.
             bad += (not r.agrees) if row.patches == "all" else r.agrees
-            cells = (row.id, _fmt(r.greedy.acceptance_rate), _fmt(r.sampled.acceptance_rate), _fmt(r.ratio_to_greedy, 2),
-                     pos, verdict)
-        except Exception as e:
-            cells = (row.id, "**ERROR**", str(e).splitlines()[0][:100], "", "", "")
-            bad += 1
-        lines.append("| " + " | ".join(str(c) for c in cells) + f" | {time.monotonic() - t0:.0f} |")
-        print(lines[-1], flush=True)
+            cells = (row.label(t), _fmt(r.greedy.acceptance_rate), _fmt(r.sampled.acceptance_rate),
+                     _fmt(r.ratio_to_greedy, 2), pos, "agrees" if r.agrees else "**disagrees**", secs)
+            lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+            print(lines[-1], flush=True)
     dist = ["| run | tests | min p | threshold (1e-3 / tests) | same distribution as PP=1 no-spec | s |",
             "|---|---|---|---|---|---|"]
     if not args.no_distribution:
@@ -109,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         for row, samples in [(r, s) for r, s in DIST_ROWS if args.match in r.id]:
             t0 = time.monotonic()
             try:
-                check, plain = distribution_check(row.topology(), prompts[:4], row.temperature, samples=samples,
+                check, plain = distribution_check(row.topology(), prompts[:4], row.temperatures[0], samples=samples,
                                                   tokens=4, env={"KIT_PATCHES": row.patches}, plain=plain)
                 bad += (not check.same_distribution) if row.patches == "all" else check.same_distribution
                 cells = (f"{row.id}, 4 contexts x {samples} samples x 4 tokens", check.to_dict()["num_tests"],
