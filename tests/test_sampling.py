@@ -135,3 +135,21 @@ def test_sampled_acceptance_matches_theory_families(pp, spec, model, random_weig
     """MTP, n-gram and Eagle3 at PP 1/2/4, temperature 0.8: acceptance per position within 4 sd of theory."""
     r = _acceptance(pp, spec, 0.8, model=model, random_weights=random_weights, max_tokens=48)
     assert r.agrees, r.to_dict()["per_position"]
+
+
+@pytest.mark.engine
+def test_seeded_chunked_prefill_on_cpu_off_and_on(no_leftovers):
+    """cpu_seeded_generator_rewind: seeded requests whose prompts are split over steps (a 64-token budget) kill the
+    stock CPU engine ('CPU Generator does not use offset'); with the patch they run and give the same tokens as
+    with the default budget (the discarded draws are undone)."""
+    from kit.compare import load_prompts
+    from kit.engine import EngineError, generate
+    from kit.topology import Spec, Topology
+
+    def run(budget, patches):
+        t = Topology(model=MODEL, pp=1, spec=Spec.parse("mtp:1"), max_num_batched_tokens=budget)
+        return generate(t, load_prompts(), max_tokens=8, temperature=0.8, seed=0, env={"KIT_PATCHES": patches})
+
+    with pytest.raises(EngineError, match="CPU Generator does not use offset"):
+        run(64, "all,-cpu_seeded_generator_rewind")
+    assert run(64, "all").token_ids == run(None, "all").token_ids
