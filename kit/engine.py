@@ -22,6 +22,7 @@ from typing import Any
 from .metrics import SpecCounters
 from .models import cache_dir
 from .procs import ManagedProcess, ProcessFailed, python_cmd, root_cause
+from .progress import Status, generation_bar
 from .topology import Topology, TopologyError
 
 DEFAULT_START_TIMEOUT = 600.0
@@ -91,7 +92,9 @@ class LocalEngine:
         return SpecCounters.from_metrics(self.llm.get_metrics())
 
     def generate(self, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
-                 top2: bool = False, seed: int | None = None, ignore_eos: bool = True) -> GenerationResult:
+                 top2: bool = False, seed: int | None = None, ignore_eos: bool = True,
+                 progress_lines: bool = False) -> GenerationResult:
+        """``progress_lines``: print a line per finished prompt (the runner's log, followed by kit.progress)."""
         from vllm import SamplingParams
 
         # With a seed, request i gets seed + i: its own reproducible generator (the same seed for every request
@@ -101,7 +104,7 @@ class LocalEngine:
               for i in range(len(prompts))]
         before = self.counters()
         t0 = time.monotonic()
-        outs = self.llm.generate(prompts, sp, use_tqdm=False)
+        outs = self.llm.generate(prompts, sp, use_tqdm=generation_bar if progress_lines else False)
         secs = time.monotonic() - t0
         spec = self.counters() - before
         tops = None
@@ -153,12 +156,15 @@ def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: boo
 
 
 def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIMEOUT,
-        env: dict[str, str] | None = None, log_path: Path | None = None, check: bool = True) -> dict:
+        env: dict[str, str] | None = None, log_path: Path | None = None, check: bool = True,
+        quiet: bool | None = None) -> dict:
     """Run ``jobs`` (``{"kind": "generate", ...}`` / ``{"kind": "inspect"}``) on a fresh engine in a subprocess.
 
     Raises :class:`EngineError` with the root-cause log lines if the engine fails, a vLLM child
     dies, or ``timeout`` seconds pass. The whole process tree is gone when this returns.
     ``check=False`` skips :func:`precheck` (to watch vLLM itself refuse, as the patch-necessity tests do).
+    While it runs, one status line shows the phase and elapsed seconds (:mod:`kit.progress`; ``quiet=True``
+    or ``KIT_QUIET=1`` turns it off).
     """
     if check:
         precheck(topology, env)
@@ -173,9 +179,12 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
     proc_env.update(env or {})
     proc = ManagedProcess(python_cmd("kit.runner", str(req), str(out)), env=proc_env, log_path=log_path,
                           name=f"vLLM engine [{topology.label()}]")
+    status = Status(proc.name, log_path, quiet=quiet)
     deadline = time.monotonic() + timeout
+    failed = True
     try:
         while True:
+            status.poll()
             if out.exists():
                 break
             alive = proc.alive()
@@ -192,9 +201,11 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
                 raise proc.fail(f"no result after {timeout:.0f} s (deadline)")
             time.sleep(0.5)
         result = json.loads(out.read_text())
+        failed = not result.get("ok")
     except ProcessFailed as e:
         raise EngineError(str(e)) from None
     finally:
+        status.close(failed=failed)
         proc.terminate()
     result["log"] = str(log_path)
     result["peak_rss"] = dict(proc.peak_rss)
@@ -207,12 +218,12 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
 
 def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
              top2: bool = False, seed: int | None = None, timeout: float = DEFAULT_START_TIMEOUT,
-             env: dict[str, str] | None = None, check: bool = True) -> GenerationResult:
+             env: dict[str, str] | None = None, check: bool = True, quiet: bool | None = None) -> GenerationResult:
     """Generation (greedy unless ``temperature`` > 0; request i seeded ``seed + i``) on a fresh engine in a
     subprocess; returns tokens and spec-decode counters."""
     res = run(topology, [{"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens,
                           "temperature": temperature, "top2": top2, "seed": seed}], timeout=timeout, env=env,
-              check=check)
+              check=check, quiet=quiet)
     g = GenerationResult.from_dict(res["jobs"][0])
     g.topology["start_seconds"] = res.get("start_seconds")
     g.topology["log"] = res["log"]
@@ -246,8 +257,10 @@ class Server:
     """vLLM's OpenAI-compatible server for a topology, on loopback, as a context manager."""
 
     def __init__(self, topology: Topology, port: int | None = None, env: dict[str, str] | None = None,
-                 log_path: Path | None = None, name: str = "server", in_pair: bool = False):
+                 log_path: Path | None = None, name: str = "server", in_pair: bool = False,
+                 quiet: bool | None = None):
         self.topology = topology
+        self.quiet = quiet
         self.in_pair = in_pair
         self.port = port or free_port()
         self.env = dict(env or {})
@@ -260,6 +273,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
+        """Start and wait for ``/health``; one status line shows the phase meanwhile (:mod:`kit.progress`)."""
         env = dict(self.topology.env())
         env.update(self.env)
         if not self.in_pair:  # a PDPair checks both of its topologies before starting either server
@@ -271,14 +285,18 @@ class Server:
         cmd = python_cmd("vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(self.port),
                          *self.topology.serve_args())
         self.proc = ManagedProcess(cmd, env=env, log_path=self.log_path, name=f"{self.name} [{self.topology.label()}]")
+        status = Status(f"vLLM {self.proc.name}", self.log_path, quiet=self.quiet)
         deadline = time.monotonic() + timeout
         try:
             while True:
+                status.poll()
                 if not self.proc.alive():
                     raise self.proc.fail(f"exited with code {self.proc.popen.returncode} during start-up")
                 try:
                     with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                         if r.status == 200:
+                            status.ready()
+                            status.close(f"serving on {self.url}")
                             return self
                 except Exception:
                     pass
@@ -289,6 +307,7 @@ class Server:
                     raise self.proc.fail(f"not healthy after {timeout:.0f} s")
                 time.sleep(1.0)
         except ProcessFailed as e:
+            status.close(failed=True)
             self.stop()
             raise EngineError(str(e)) from None
 

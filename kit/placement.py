@@ -36,3 +36,36 @@ def summary_rows(ranks: list[dict]) -> list[dict]:
             "kv_layer_names": ", ".join(x.replace("model.", "") for x in r["kv_cache"].get("layers", [])),
         })
     return rows
+
+
+def eagle3_layer_names(num_layers: int, pp: int, count: str = "total") -> list[dict]:
+    """Per PP rank, the attention layer names an Eagle3 target plus its one draft layer get in vLLM 0.32.
+
+    ``llama_eagle3.Eagle3LlamaForCausalLM`` takes one number, ``target_layer_num``, and uses it twice: as
+    ``start_layer_id`` (the draft layer is named ``model.layers.<target_layer_num>``) and as
+    ``config.target_layer_count``, which ``llama.LlamaAttention`` subtracts from the index in that name to
+    look up ``layer_types``. ``count="total"`` is vLLM 0.32 (``get_total_num_hidden_layers()``),
+    ``count="per_rank"`` the old ``get_num_layers(parallel_config)``: the layers on the drafter's (last) rank.
+    Target layers are split with vLLM's own ``get_pp_indices``. Per rank: ``target`` names, ``draft`` name
+    (last rank only), ``clash`` (the draft's name is a target layer's on the same rank), ``elsewhere`` (the
+    rank whose target layer has the draft's name, if another one) and ``layer_types_index`` (what the lookup
+    reads; 0 with either count).
+    """
+    from vllm.distributed.utils import get_pp_indices
+
+    if count not in ("total", "per_rank"):
+        raise ValueError(f"count must be 'total' or 'per_rank', not {count!r}")
+    rows = []
+    for rank in range(pp):
+        start, end = get_pp_indices(num_layers, rank, pp)
+        names = [f"model.layers.{i}" for i in range(start, end)]
+        row = {"pp": pp, "pp_rank": rank, "target": names, "draft": None, "clash": False, "elsewhere": None,
+               "layer_types_index": None}
+        if rank == pp - 1:
+            target_layer_num = num_layers if count == "total" else end - start
+            row["draft"] = f"model.layers.{0 + target_layer_num}"  # layer 0 of the draft, start_layer_id
+            row["clash"] = row["draft"] in names
+            row["layer_types_index"] = int(row["draft"].split(".")[2]) - target_layer_num
+            row["elsewhere"] = next((r["pp_rank"] for r in rows if row["draft"] in r["target"]), None)
+        rows.append(row)
+    return rows

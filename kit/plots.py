@@ -51,3 +51,159 @@ def token_match(reference: list[list[int]], got: list[list[int]], title: str = "
                                hovertemplate="prompt %{y}, position %{x}: %{z}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="generated position", yaxis_title="prompt", height=320)
     return fig
+
+
+def eagle3_name_grid(by_count: dict[str, dict[int, list[dict]]], title: str = "Layer names per PP rank"):
+    """Side by side, one panel per count ("total", "per_rank"): a row per (PP size, rank), a box per
+    attention layer name; target layers blue, the draft layer orange, a draft name that clashes with a
+    target layer on its rank red, one that a target layer on another rank also has purple. ``by_count[count][pp]`` is :func:`kit.placement.eagle3_layer_names` output."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    counts = list(by_count)
+    fig = make_subplots(rows=1, cols=len(counts), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"draft numbered after the {c.replace('_', '-')} count" for c in counts])
+    seen = set()
+    for col, count in enumerate(counts, start=1):
+        for pp, ranks in by_count[count].items():
+            for r in ranks:
+                y = f"PP={pp} rank {r['pp_rank']}"
+                boxes = [(n, "target layer", "#3182bd") for n in r["target"]]
+                if r["draft"]:
+                    if r["clash"]:
+                        boxes.append((r["draft"], "draft layer, name taken on its rank", "#de2d26"))
+                    elif r.get("elsewhere") is not None:
+                        boxes.append((r["draft"], "draft layer, name of a target layer on another rank", "#756bb1"))
+                    else:
+                        boxes.append((r["draft"], "draft layer", "#e6550d"))
+                for name, kind, color in boxes:
+                    idx = int(name.split(".")[2])
+                    x = idx + (0.0 if kind == "target layer" else 0.25)
+                    fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text", text=[f"L{idx}"],
+                                             textposition="middle center", name=kind, legendgroup=kind,
+                                             showlegend=kind not in seen,
+                                             marker=dict(size=30, color=color, symbol="square",
+                                                         line=dict(width=2 if "taken" in kind else 0, color="black")),
+                                             textfont=dict(color="white"),
+                                             hovertext=f"{y}: {name} ({kind})", hoverinfo="text"), row=1, col=col)
+                    seen.add(kind)
+        fig.update_xaxes(title_text="layer index in the name: model.layers.i", dtick=1, row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    n_rows = sum(len(v) for v in next(iter(by_count.values())).values())
+    fig.update_layout(title=title, height=140 + 38 * n_rows, legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+def conditional_rates(per_position: list[int], num_drafts: int) -> list[float]:
+    """Acceptance at draft position i given positions 1..i-1 were accepted (a draft is kept only after its
+    whole prefix is): accepted[i] / accepted[i-1], and accepted[0] / rounds for position 1."""
+    out, prev = [], num_drafts
+    for n in per_position:
+        out.append(n / prev if prev else 0.0)
+        prev = n
+    return out
+
+
+def expected_length(a: float | list[float], k: int) -> float:
+    """Expected tokens per verify round with k drafts: 1 + sum_i prod_{j<=i} a_j. For one rate a this is
+    (1 - a^(k+1)) / (1 - a); with a list of per-position conditional rates, each position uses its own."""
+    rates = [a] * k if isinstance(a, (int, float)) else list(a)[:k]
+    total, p = 1.0, 1.0
+    for r in rates:
+        p *= r
+        total += p
+    return total
+
+
+def acceptance_panels(rates: dict[tuple[int, int], list[float]], ks: list[int], pps: list[int],
+                      title: str = "Acceptance per draft position, one panel per k"):
+    """``rates[(pp, k)]``: per-position values. One panel per k; the first PP size as bars, the others as
+    markers on top (equal runs put each marker on its bar's top)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=len(ks), shared_yaxes=True, subplot_titles=[f"k={k}" for k in ks])
+    colors = ["#9ecae1", "#e6550d", "#31a354", "#756bb1"]
+    for col, k in enumerate(ks, start=1):
+        for i, pp in enumerate(pps):
+            y = rates[(pp, k)]
+            x = [f"pos {j + 1}" for j in range(len(y))]
+            kw = dict(name=f"PP={pp}", legendgroup=f"PP={pp}", showlegend=col == 1,
+                      hovertemplate=f"PP={pp}, k={k}, %{{x}}: %{{y:.3f}}<extra></extra>")
+            if i == 0:
+                fig.add_trace(go.Bar(x=x, y=y, marker_color=colors[0], **kw), row=1, col=col)
+            else:
+                c = colors[1 + (i - 1) % (len(colors) - 1)]
+                fig.add_trace(go.Scatter(x=x, y=y, mode="markers", marker=dict(size=26, symbol="line-ew-open", color=c,
+                                         line=dict(width=4, color=c)), **kw), row=1, col=col)
+    fig.update_yaxes(range=[0, 1.05])
+    fig.update_layout(title=title, height=340, legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def acceptance_length_vs_k(measured: dict[int, dict[int, float]], a: float, ks: list[int],
+                           title: str = "Tokens per verify round vs k"):
+    """``measured[pp][k]``: mean acceptance length. Drawn against (1 - a^(k+1)) / (1 - a) for one rate a."""
+    import plotly.graph_objects as go
+
+    kk = list(range(0, max(ks) + 1))
+    fig = go.Figure(go.Scatter(x=kk, y=[expected_length(a, k) for k in kk], mode="lines",
+                               name=f"(1 - a^(k+1)) / (1 - a), a = {a:.2f}", line=dict(dash="dash", color="#555")))
+    for i, (pp, by_k) in enumerate(measured.items()):
+        fig.add_trace(go.Scatter(x=list(by_k), y=list(by_k.values()), mode="markers+lines", name=f"measured, PP={pp}",
+                                 marker=dict(size=12 - 4 * i)))
+    fig.update_layout(title=title, xaxis_title="k (drafts per round)", yaxis_title="tokens per target forward",
+                      height=360, xaxis=dict(dtick=1))
+    return fig
+
+
+def token_match_side_by_side(reference: list[list[int]], runs: dict[str, list[list[int]]],
+                             title: str = "Tokens vs the reference: green same, red different"):
+    """One heatmap per run (prompts x positions) against the same reference; hover names both tokens."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=len(runs), shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=list(runs))
+    for col, (label, got) in enumerate(runs.items(), start=1):
+        z, text = [], []
+        for ref, g in zip(reference, got):
+            z.append([1 if j < len(g) and g[j] == t else 0 for j, t in enumerate(ref)])
+            text.append([f"reference {t}, got {g[j] if j < len(g) else None}" for j, t in enumerate(ref)])
+        fig.add_trace(go.Heatmap(z=z, zmin=0, zmax=1, colorscale=[[0, "#de2d26"], [1, "#31a354"]], showscale=False,
+                                 text=text, xgap=1, ygap=1,
+                                 hovertemplate="prompt %{y}, position %{x}: %{text}<extra>" + label + "</extra>"),
+                      row=1, col=col)
+        fig.update_xaxes(title_text="generated position", row=1, col=col)
+    fig.update_yaxes(autorange="reversed", dtick=1)
+    fig.update_yaxes(title_text="prompt", row=1, col=1)
+    fig.update_layout(title=title, height=200 + 45 * len(reference))
+    return fig
+
+
+def kv_layers_per_rank(layouts: dict[int, list[dict]], num_layers: int,
+                       title: str = "KV cache per PP rank: which layers' KV each rank holds"):
+    """``layouts[pp]``: :func:`kit.placement.placement` output. One row per (PP size, rank), one box per KV
+    cache layer the live worker allocated: target layers blue, a layer numbered past the target's (the MTP
+    layer, named after all target layers) orange. Hover gives the rank's block count."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    seen = set()
+    for pp, ranks in layouts.items():
+        for r in ranks:
+            y = f"PP={pp} rank {r['pp_rank']}"
+            for name in r["kv_cache"].get("layers", []):
+                idx = int(name.split(".")[2])
+                kind = "MTP layer's KV" if idx >= num_layers else "target layer's KV"
+                fig.add_trace(go.Scatter(x=[idx], y=[y], mode="markers+text", text=[f"L{idx}"], name=kind,
+                                         legendgroup=kind, showlegend=kind not in seen, textfont=dict(color="white"),
+                                         marker=dict(size=30, symbol="square",
+                                                     color="#e6550d" if idx >= num_layers else "#3182bd"),
+                                         hovertext=f"{y}: {name}, {r['kv_cache'].get('num_blocks')} blocks "
+                                                   f"of {r['kv_cache'].get('block_size')} tokens", hoverinfo="text"))
+                seen.add(kind)
+    n_rows = sum(len(v) for v in layouts.values())
+    fig.update_layout(title=title, height=140 + 38 * n_rows, xaxis=dict(title="layer index", dtick=1),
+                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.2))
+    return fig

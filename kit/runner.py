@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     req_path, out_path = argv
     _watch_parent()
     from .engine import LocalEngine
+    from .progress import RUNNER_STARTED
     from .topology import Topology
 
     req = json.loads(open(req_path).read())
@@ -47,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         eng = LocalEngine(topo)
         eng.start()
         result["start_seconds"] = time.monotonic() - t0
-        print(f"[kit.runner] engine started in {result['start_seconds']:.1f} s", flush=True)
+        print(RUNNER_STARTED.format(seconds=result["start_seconds"]), flush=True)
         for job in req["jobs"]:
             kind = job.pop("kind")
             print(f"[kit.runner] job {kind}", flush=True)
             if kind == "generate":
-                result["jobs"].append(eng.generate(**job).to_dict())
+                result["jobs"].append(eng.generate(**job, progress_lines=True).to_dict())
             elif kind == "inspect":
                 result["jobs"].append(eng.inspect())
             elif kind == "rpc":  # a KitWorkerExtension method, called on every worker

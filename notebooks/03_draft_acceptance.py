@@ -1,0 +1,175 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # How many drafts are accepted, per position, and does PP change that?
+#
+# **The question:** with the trained `tiny-mimo` (one MTP layer, trained to predict the token after next),
+# how often is each draft position accepted for k = 1..4, and are the counts the same at PP=1 and PP=2?
+# They must be: with greedy decoding, acceptance depends only on the model, not on how it is split.
+
+# %% tags=["parameters"]
+MODEL = "tiny-mimo"
+KS = [1, 2, 3, 4]
+PP_SIZES = [1, 2]
+NUM_PROMPTS = 8
+MAX_TOKENS = 48
+SAMPLED_TEMPERATURE = 0.8
+
+# %%
+import kit
+import kit.compare
+import kit.notebook
+kit.notebook.setup()
+
+# %% [markdown]
+# One engine per (PP size, k), k = 0 being the plain engine: about 35 s each on 2 cores, so about 6 minutes for the
+# 10 engines of the defaults (the CI parameters start 6, about 4 minutes). Each engine shows its status line.
+
+# %%
+import time
+from kit import engine, plots
+from kit.compare import load_prompts
+from kit.topology import Topology
+
+prompts = load_prompts(limit=NUM_PROMPTS)
+greedy = {"kind": "generate", "prompts": prompts, "max_tokens": MAX_TOKENS}
+sampled_job = dict(greedy, temperature=SAMPLED_TEMPERATURE, seed=0)
+results, sampled = {}, None
+for pp in PP_SIZES:
+    for k in [0] + list(KS):
+        topo = Topology(model=MODEL, pp=pp, spec=f"mtp:{k}" if k else None)
+        # The sampled setting rides on the first PP size's largest-k engine (one engine start fewer).
+        want_sampled = pp == PP_SIZES[0] and k == KS[-1]
+        res = engine.run(topo, [greedy] + ([sampled_job] if want_sampled else []))
+        results[(pp, k)] = engine.GenerationResult.from_dict(res["jobs"][0])
+        if want_sampled:
+            sampled = engine.GenerationResult.from_dict(res["jobs"][1])
+rows = []
+for (pp, k), r in results.items():
+    s = r.spec
+    rows.append({"PP": pp, "k": k, "drafts": s.num_drafts, "accepted": s.num_accepted_tokens,
+                 "per_position": s.per_position, "mean_acceptance_length": s.mean_acceptance_length,
+                 "tokens/s": round(r.num_generated / r.seconds, 1)})
+import pandas as pd
+display(pd.DataFrame(rows))
+
+# %%
+rates = {(pp, k): results[(pp, k)].spec.per_position_rate for pp in PP_SIZES for k in KS}
+plots.acceptance_panels(rates, KS, PP_SIZES, title="Accepted drafts / verify rounds, per draft position "
+                        f"(PP={PP_SIZES[0]} bars, other PP sizes as markers)").show()
+cond = {(pp, k): plots.conditional_rates(results[(pp, k)].spec.per_position, results[(pp, k)].spec.num_drafts)
+        for pp in PP_SIZES for k in KS}
+plots.acceptance_panels(cond, KS, PP_SIZES, title="Acceptance at position i given positions 1..i-1 were accepted").show()
+
+# %% [markdown]
+# **What it shows:** position 1 (the MTP head's own prediction) is accepted most often; later positions reuse
+# the same head on its own guesses, so acceptance falls with depth (top). A draft at position i only counts when
+# all before it were accepted, so the bottom picture divides by those: how good the head is at depth i once it got
+# there. In every panel the markers of the other PP sizes sit on the PP=1 bars: the split does not change acceptance.
+# Wall-clock tokens/s on 2 CPU cores is honest but not flattering: on a model this small the drafter's forward and
+# the extra verification positions eat much, or all, of what they save. How much, in this run:
+
+# %%
+from IPython.display import Markdown
+speed = {(pp, k): results[(pp, k)].num_generated / results[(pp, k)].seconds for (pp, k) in results}
+lines = []
+for pp in PP_SIZES:
+    base = speed[(pp, 0)]
+    per_k = ", ".join(f"k={k}: {speed[(pp, k)]:.1f} ({speed[(pp, k)] / base:.2f}x, "
+                      f"{results[(pp, k)].spec.mean_acceptance_length:.2f} tokens per target forward)" for k in KS)
+    lines.append(f"- PP={pp}: without drafts {base:.1f} tokens/s; {per_k}")
+display(Markdown(f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens, generation time only, engine start "
+                 "excluded), tokens/s:\n" + "\n".join(lines)))
+
+# %% [markdown]
+# ## Tokens per verify round: measured against the textbook curve
+# If every draft were accepted with one probability *a*, independently of its depth, a round with k drafts would
+# yield (1 - a^(k+1)) / (1 - a) tokens. Below: that curve with *a* = the position-1 rate measured at the smallest k,
+# and the mean acceptance length measured at each k. Points above the curve mean deeper drafts were accepted more
+# often than that single rate predicts, points below it less often (the conditional rates above say which).
+
+# %%
+a = cond[(PP_SIZES[0], KS[0])][0]
+measured = {pp: {k: results[(pp, k)].spec.mean_acceptance_length for k in KS} for pp in PP_SIZES}
+plots.acceptance_length_vs_k(measured, a, KS, title=f"{MODEL}: tokens per target forward vs k").show()
+for k in KS:
+    print(f"k={k}: measured {measured[PP_SIZES[0]][k]:.2f}, curve {plots.expected_length(a, k):.2f}, "
+          f"from this k's conditional rates {plots.expected_length(cond[(PP_SIZES[0], k)], k):.2f}")
+
+# %% [markdown]
+# **Try it (no engine starts):** move k and *a*; the first line uses the conditional rates measured at the largest k,
+# the second one rate *a* for every position.
+
+# %%
+import ipywidgets as W
+c_meas = cond[(PP_SIZES[0], KS[-1])]
+def expected_tokens(k=len(c_meas), a=round(a, 2)):
+    print(f"k={k}: measured conditional rates {[round(x, 2) for x in c_meas[:k]]} -> "
+          f"{plots.expected_length(c_meas, k):.2f} tokens per round")
+    print(f"k={k}: one rate a={a:.2f} for every position      -> {plots.expected_length(a, k):.2f} tokens per round")
+W.interact(expected_tokens, k=W.IntSlider(value=len(c_meas), min=1, max=len(c_meas)),
+           a=W.FloatSlider(value=round(a, 2), min=0.0, max=0.99, step=0.01));
+
+# %% [markdown]
+# **Predict, then run:** with one acceptance rate a = 0.8, how many tokens does a round with k = 4 drafts yield,
+# and how many would k = 40 yield? (Think about the limit as k grows.)
+#
+# <details><summary>Answer</summary>
+#
+# (1 - 0.8^5) / 0.2 = 3.36 tokens; as k grows the sum tends to 1 / (1 - a) = 5: past a few drafts, more drafts
+# buy almost nothing, while each still costs a drafter forward and a verify position. The cell below checks it.
+# </details>
+
+# %%
+assert abs(plots.expected_length(0.8, 4) - 3.3616) < 1e-9
+assert abs(plots.expected_length(0.8, 40) - 5.0) < 1e-3
+print("checked: 3.36 tokens at k=4; tends to 1/(1-a) = 5 as k grows")
+
+# %%
+for k in KS:
+    a, b = results[(PP_SIZES[0], k)], results[(PP_SIZES[-1], k)]
+    assert a.token_ids == b.token_ids == results[(PP_SIZES[0], 0)].token_ids, f"k={k}: tokens differ across PP"
+    assert a.spec == b.spec, f"k={k}: acceptance differs between PP={PP_SIZES[0]} and PP={PP_SIZES[-1]}: {a.spec} vs {b.spec}"
+assert results[(PP_SIZES[0], 1)].spec.per_position_rate[0] >= 0.5, "trained MTP head accepts under half its drafts"
+print("claims hold: same tokens and the same acceptance counts at every PP size")
+
+# %% [markdown]
+# ## A sampled setting
+# With temperature > 0 (seeded) the target samples its token, and a draft is kept with the probability the target gives it, so acceptance usually drops (shown, not asserted).
+
+# %%
+greedy_rate = results[(PP_SIZES[0], KS[-1])].spec.per_position_rate
+print(f"k={KS[-1]}, temperature {SAMPLED_TEMPERATURE}: acceptance per position", [round(x, 2) for x in sampled.spec.per_position_rate])
+print(f"k={KS[-1]}, greedy:            acceptance per position", [round(x, 2) for x in greedy_rate])
+assert sampled.spec.num_drafts > 0
+
+# %% [markdown]
+# ## Try it yourself
+# Pick k, PP, temperature and a prompt, then press Run (widgets; the defaults above run headless). Each press starts
+# one engine, about 35 s on 2 cores at PP=1 or 2 and about 55 s at PP=4; the button stays disabled meanwhile.
+
+# %%
+import ipywidgets as W
+k_w = W.IntSlider(value=2, min=1, max=4, description="k")
+pp_w = W.Dropdown(options=[1, 2, 4], value=2, description="PP")
+t_w = W.FloatSlider(value=0.0, min=0.0, max=1.5, step=0.1, description="temperature")
+p_w = W.Textarea(value=prompts[0], description="prompt")
+out = W.Output()
+def _run(_):
+    btn.disabled = True  # one engine at a time: the button comes back when this one has stopped
+    try:
+        with out:
+            out.clear_output()
+            r = engine.generate(Topology(model=MODEL, pp=pp_w.value, spec=f"mtp:{k_w.value}"), [p_w.value],
+                                max_tokens=MAX_TOKENS, temperature=t_w.value, seed=0)
+            print(r.texts[0]); print(r.spec)
+    finally:
+        btn.disabled = False
+btn = W.Button(description="Run"); btn.on_click(_run)
+display(W.VBox([k_w, pp_w, t_w, p_w, btn, out]))

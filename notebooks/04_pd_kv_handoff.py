@@ -1,0 +1,265 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # PD disaggregation: what moves from the prefill server to the decode server?
+#
+# **The question:** a *producer* server (with an MTP drafter) computes a prompt's KV cache and hands it
+# to a *consumer* server (also with MTP) that decodes. What exactly travels — which layers, how many
+# blocks and bytes — and are the consumer's tokens still exactly those of one plain engine (PP=1, no speculation)?
+#
+# Everything below is real: two `vllm` OpenAI servers on loopback, vLLM's NIXL connector with its CPU buffer,
+# and the kit's router doing the two-step request flow (prefill with `do_remote_decode`, then decode with the
+# `kv_transfer_params` the producer returned, same request id on both calls).
+
+# %% tags=["parameters"]
+MODEL = "tiny-mimo"
+RANDOM_WEIGHTS = False
+PRODUCER_PP = 2          # the seed's scenario: PP=2 + MTP prefill server (push connector); 1 = pull
+PRODUCER_SPEC = "mtp:2"
+CONSUMER_PP = 1
+CONSUMER_SPEC = "mtp:2"
+NUM_PROMPTS = 4
+MAX_TOKENS = 24
+PATCHES_WITHOUT_FIX = "all,-pp_spec_schedule_gate"   # for the decode-side rule demo (no engine starts)
+
+# %%
+import kit
+import kit.compare
+import kit.notebook
+kit.notebook.setup()
+
+# %%
+from kit import pd
+from kit.compare import load_prompts
+
+producer, consumer = pd.pd_topologies(MODEL, PRODUCER_PP, PRODUCER_SPEC, CONSUMER_PP, CONSUMER_SPEC,
+                                      random_weights=RANDOM_WEIGHTS)
+connector, reason = pd.choose_connector(producer, consumer)
+print("producer :", producer.label())
+print("consumer :", consumer.label())
+print("connector:", connector, "-", reason)
+print("KV layers that move:", pd.kv_layers_moved(producer, consumer))
+# Which producer rank sends which of them: each stage holds its own layers (vLLM's get_pp_indices), and the MTP
+# layer (named after all target layers) sits with the drafter on the last stage.
+from vllm.distributed.utils import get_pp_indices
+n_target = producer.info.num_layers
+for rank in range(producer.pp):
+    lo, hi = get_pp_indices(n_target, rank, producer.pp)
+    own = [n for n in pd.kv_layers_moved(producer, consumer)
+           if lo <= int(n.split(".")[2]) < hi or (rank == producer.pp - 1 and int(n.split(".")[2]) >= n_target)]
+    print(f"  producer rank {rank} sends:", own)
+
+# %% [markdown]
+# **Which layers move:** the target's decoder layers `model.layers.0..L-1` from *every* producer PP rank (each
+# rank sends its own, listed above for this run's `PRODUCER_PP`), plus the MTP layer's KV (`model.layers.L`, which vLLM names after all target layers) when
+# both sides run the drafter: the consumer's drafter needs the prompt's KV for its own attention, or its first
+# drafts would attend to nothing.
+#
+# The next cell starts a reference engine, the consumer's topology as one engine, and then the producer and
+# consumer servers: about 150 s on 2 cores, one status line per engine or server.
+
+# %%
+from kit import engine
+prompts = load_prompts(limit=NUM_PROMPTS)
+# The reference: one plain engine, PP=1, no speculation (kept for the second pair further down).
+reference = engine.generate(consumer.reference(), prompts, max_tokens=MAX_TOKENS, top2=True)
+# colocated=True: the consumer's topology also runs as one plain engine, for the acceptance comparison below
+d = pd.pd_compare(producer, consumer, prompts, max_tokens=MAX_TOKENS, colocated=True, reference=reference)
+print("identical to the colocated PP=1 reference:", d["identical"], d["first_divergence"] or "")
+print("handoff checks:", d["handoff_checks"])
+print("KV bytes: measured", d["kv_bytes_transferred"], " expected", d["kv_bytes_expected"], " =", d["kv_expected"]["formula"])
+print("consumer prefill tokens computed itself:", d["consumer_prefill_tokens_computed"],
+      " received:", d["consumer_external_tokens"], "of", d["prompt_tokens"])
+print("consumer spec-decode counters:", d["consumer_spec"])
+
+# %%
+import pandas as pd_
+rows = []
+for r, exp in zip([x for x in d["requests"] if not x["error"]], d["kv_expected"]["per_request"]):
+    rows.append({"prompt": r["index"], "prompt tokens": r["prompt_tokens"], "blocks": -(-r["prompt_tokens"] // d["kv_expected"]["block_size"]),
+                 "KV bytes measured": r["kv_bytes_transferred"], "KV bytes expected": exp,
+                 "consumer computed": r["consumer_prefill_tokens_computed"],
+                 "producer prefill s": r["producer_prefill_s"], "consumer s": r["consumer_s"]})
+table = pd_.DataFrame(rows).set_index("prompt")
+display(table)
+
+# %%
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+fig = make_subplots(rows=1, cols=2, subplot_titles=("KV bytes per request: measured vs model shape",
+                                                    "each request's timeline (s, measured by the router)"))
+fig.add_trace(go.Bar(x=table.index, y=table["KV bytes measured"], name="measured (connector)"), row=1, col=1)
+fig.add_trace(go.Bar(x=table.index, y=table["KV bytes expected"], name="expected (shape)"), row=1, col=1)
+colors = {"producer prefill": "#3182bd", "consumer: KV in + first token": "#e6550d", "consumer decode": "#31a354",
+          "consumer: KV in + decode": "#fd8d3c"}
+shown = set()
+for r in d["timings"]["per_request"]:
+    pre, cons = r["producer_prefill_s"], r["consumer_s"]
+    # Time to the consumer's first token (the KV handoff is in it): the client's clock when streaming, else the
+    # server's per-request metric; without either, the consumer's call is one segment.
+    ttft = r["consumer_ttft_s"] or ((r["consumer_ttft_server_ms"] or 0) / 1000) or None
+    steps = [("producer prefill", 0.0, pre)] + (
+        [("consumer: KV in + first token", pre, ttft), ("consumer decode", pre + ttft, cons - ttft)] if ttft
+        else [("consumer: KV in + decode", pre, cons)])
+    for name, start, dur in steps:
+        fig.add_trace(go.Bar(y=[f"request {r['index']}"], x=[dur], base=[start], orientation="h", name=name,
+                             marker_color=colors[name], legendgroup=name, showlegend=name not in shown, offsetgroup="timeline",
+                             hovertemplate=f"{name}: %{{x:.3f}} s<extra></extra>"), row=1, col=2)
+        shown.add(name)
+fig.update_layout(barmode="group", height=380, title=f"{producer.label()}  ->  {consumer.label()}  ({d['connector_class']})")
+fig.update_yaxes(autorange="reversed", row=1, col=2)
+fig.show()
+
+# %% [markdown]
+# **What it shows:** left, for every request the bytes the connector reports moving equal what the model's shape
+# predicts (moved layers x whole blocks x block size x KV heads x head size x 2 for K and V x 4 bytes in float32):
+# nothing is missing, nothing extra. Right, each request as the router timed it: the producer computes the prompt
+# and its first token; the consumer then pulls (or is pushed) the blocks and decodes the rest (it computed none of
+# the prompt itself), split at its first token where that time was measured.
+
+# %%
+assert d["identical"], f"consumer tokens differ from the colocated reference: {d['first_divergence']}"
+assert d["consumer_prefill_tokens_computed"] == 0, "the consumer recomputed prompt tokens: the handoff did not work"
+assert d["kv_bytes_transferred"] == d["kv_bytes_expected"], (d["kv_bytes_transferred"], d["kv_bytes_expected"])
+assert all(r["kv_bytes_transferred"] == e for r, e in zip(d["requests"], d["kv_expected"]["per_request"]))
+if producer.spec and consumer.spec:
+    assert f"model.layers.{producer.info.num_layers}" in d["kv_expected"]["layers"], "the MTP layer's KV must move"
+print("claims hold: identical tokens, no prompt token recomputed, every byte accounted for")
+
+# %% [markdown]
+# ## Does the consumer's drafter accept as much as on one engine?
+# The consumer's MTP drafter attends to the prompt through the MTP layer's KV that the producer sent. If that KV
+# were missing or wrong, its drafts would be worse and fewer would be accepted. So: run the consumer's topology
+# once more as one plain engine (no PD) on the same prompts, and put the two sets of spec-decode counters side by side.
+
+# %%
+a = d["acceptance_vs_colocated"]
+print("consumer :", a["consumer"])
+print("colocated:", a["colocated"])
+print("accepted drafts equal (total and per position):", a["accepted_equal"],
+      "| extra verify rounds on the consumer:", a["extra_draft_rounds"], "for", a["requests"], "requests")
+k = len(a["consumer"]["per_position"])
+fig2 = go.Figure()
+for name, c in (("PD consumer", a["consumer"]), ("colocated engine", a["colocated"])):
+    fig2.add_trace(go.Bar(x=[f"draft position {i + 1}" for i in range(k)] + ["verify rounds"],
+                          y=list(c["per_position"]) + [c["num_drafts"]], name=name))
+fig2.update_layout(barmode="group", height=360, yaxis_title="count",
+                   title="accepted drafts per position, and verify rounds: PD consumer vs one engine")
+fig2.show()
+
+# %% [markdown]
+# **What it shows:** the accepted drafts are the same at every draft position — the drafter on the consumer
+# proposes exactly what it proposes on one engine, which it could not do without the MTP layer's KV from the
+# producer. The one difference is by design of the handoff: the consumer runs up to one extra verify round per
+# request, and nothing in that round is accepted, so its mean acceptance length is a little lower (this run's
+# numbers are printed below). A consumer request starts without drafts of its own — the producer drafted
+# for its own prefill step, and those drafts do not travel — so its first round verifies drafts that are
+# rejected; every later round matches the colocated engine's one for one.
+
+# %%
+assert a["accepted_equal"], ("the consumer's drafter accepted differently from one engine: "
+                             f"{a['consumer']['per_position']} vs {a['colocated']['per_position']}")
+assert a["colocated_tokens_identical_to_reference"]
+assert 0 <= a["extra_draft_rounds"] <= a["requests"], a
+print("claim holds: same accepted drafts per position as one engine; at most one extra round per request")
+from IPython.display import Markdown
+display(Markdown(
+    f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens, {producer.label()} -> {consumer.label()}): "
+    f"the consumer ran {a['extra_draft_rounds']} more verify rounds than the colocated engine for "
+    f"{a['requests']} requests; mean acceptance length {a['consumer']['mean_acceptance_length']:.2f} on the "
+    f"consumer against {a['colocated']['mean_acceptance_length']:.2f} on one engine."))
+
+# %% [markdown]
+# ## And if the MTP layer's KV did not arrive?
+# The claim above is that the consumer's drafter *needs* the MTP layer's KV from the producer. Test it: run a
+# producer **without** the drafter (PP=2, no MTP: it never computes the MTP layer's KV, so the connector has
+# nothing to send for it) into the same MTP consumer. vLLM refuses such a pair by default — the NIXL
+# handshake's compatibility hash covers the MTP configuration (`NIXL compatibility hash mismatch`) — so this
+# run turns that check off (`enforce_handshake_compat=false`, a documented connector option). The consumer's
+# MTP layer then attends over prompt KV blocks that were never written. One more server pair: about 75 s on 2 cores.
+
+# %%
+# Push from a PP=2 producer is the only 0.32 NIXL path that leaves one consumer layer out (each producer stage
+# writes its own layers; nobody writes the MTP layer's region). The consumer here runs at PP=1.
+no_mtp_producer = producer.with_(pp=2, spec=None)
+mtp_consumer = consumer.with_(pp=1)
+print("KV layers that move now:", pd.kv_layers_moved(no_mtp_producer, mtp_consumer))
+w = pd.pd_compare(no_mtp_producer, mtp_consumer, prompts, max_tokens=MAX_TOKENS, reference=reference,
+                  kv_extra_config={"enforce_handshake_compat": False})
+print("identical:", w["identical"], "| handoff:", w["handoff_ok"], "| KV bytes", w["kv_bytes_transferred"],
+      "expected", w["kv_bytes_expected"])
+with_kv, without_kv = d["consumer_spec"], w["consumer_spec"]
+print("consumer accepted with the MTP layer's KV   :", with_kv["num_accepted_tokens"], with_kv["per_position"],
+      "in", with_kv["num_drafts"], "rounds")
+print("consumer accepted without the MTP layer's KV:", without_kv["num_accepted_tokens"], without_kv["per_position"],
+      "in", without_kv["num_drafts"], "rounds")
+fig3 = go.Figure()
+for name, c in (("MTP layer's KV sent", with_kv), ("MTP layer's KV withheld", without_kv)):
+    fig3.add_trace(go.Bar(x=[f"draft position {i + 1}" for i in range(k)] + ["verify rounds"],
+                          y=list(c["per_position"]) + [c["num_drafts"]], name=name))
+fig3.update_layout(barmode="group", height=360, yaxis_title="count",
+                   title="PD consumer's drafter with and without the MTP layer's prompt KV")
+fig3.show()
+
+# %% [markdown]
+# **What it shows:** the tokens stay identical — the target model's KV all arrived, and speculative decoding
+# only changes *how fast* tokens come, never which ones. But the drafter, reading an unwritten prompt KV in its
+# own attention layer, gets fewer drafts accepted and the consumer needs more verify rounds for the same tokens
+# (this run's counts are printed below the assertions). That is why the kit counts the MTP layer among the layers that must move,
+# and why vLLM's handshake refuses a producer whose MTP configuration differs.
+
+# %%
+assert w["identical"], f"withholding the drafter's KV changed the tokens: {w['first_divergence']}"
+assert w["handoff_ok"], w["handoff_checks"]
+assert f"model.layers.{producer.info.num_layers}" not in w["kv_expected"]["layers"]
+assert without_kv["num_accepted_tokens"] < with_kv["num_accepted_tokens"], (without_kv, with_kv)
+assert without_kv["num_drafts"] >= with_kv["num_drafts"], (without_kv, with_kv)
+print("claims hold: same tokens; fewer accepted drafts and no fewer rounds without the MTP layer's KV")
+display(Markdown(
+    f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens): accepted {without_kv['num_accepted_tokens']} "
+    f"{list(without_kv['per_position'])} in {without_kv['num_drafts']} rounds without the MTP layer's KV, against "
+    f"{with_kv['num_accepted_tokens']} {list(with_kv['per_position'])} in {with_kv['num_drafts']} rounds with it."))
+
+# %% [markdown]
+# ## What does not run on vLLM 0.32 (CPU), observed
+# - **Producer PP=2 + MTP** (the seed's scenario, run above) needs the push connector (the only 0.32 NIXL mode
+#   that pairs different PP sizes) and three kit patches. Stock, the producer's last PP worker fails while
+#   registering its KV regions (`assert num_local_layers > 0 and self.num_regions % num_local_layers == 0`: 2
+#   target layers *plus* the MTP layer's KV on that rank; `nixl_pp_draft_regions`). And on a CPU host the pair
+#   stalls for minutes at random: NIXL's CPU init pins each worker's forward thread to the machine's last core
+#   (`os.sched_setaffinity`, `nixl_cpu_affinity` undoes it), so all three workers shared one core, and every NIXL
+#   agent's progress thread spun a core of its own (`pthrDelay = 0`; `nixl_progress_delay`).
+# - **Consumer PP=2**: stock vLLM refuses it (`NixlPushConnector consumer (decode) does not support
+#   pipeline_parallel_size > 1.`). The kit's `nixl_pp_consumer` patch runs it when the producer has the same PP
+#   size (`PRODUCER_PP = CONSUMER_PP = 2` above): producer stage s writes into consumer stage s. A PP=1 producer
+#   into a PP=2 consumer would need one stage's layers split across two destinations; the kit refuses that pair
+#   before anything starts.
+# - **MTP on the consumer only**: the handshake refuses (`NIXL compatibility hash mismatch ... Prefill and
+#   decode instances have incompatible configurations`) unless the check is turned off, as in the run above.
+#
+# ## The decode-side rule
+# The seed PR forbids MTP with PP>1 on a decode (consumer) server, because stock vLLM's PP + speculation
+# produces wrong tokens. With the kit's correctness patches active it is allowed (and verified above for the
+# producer; the tests check a PP=2 consumer too). With them off, the kit's `decode_side_pp_spec_rule` patch
+# refuses the engine with a ValueError at configuration time (inside every vLLM process); the kit checks the
+# same rule before it starts anything, so the refusal below takes milliseconds.
+
+# %%
+from kit import engine
+from kit.topology import Topology, TopologyError
+t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")   # a decode-side engine: no PD producer role
+rule_err = None
+try:
+    engine.generate(t, prompts[:1], max_tokens=4, env={"KIT_PATCHES": PATCHES_WITHOUT_FIX})
+except TopologyError as e:
+    rule_err = str(e)
+print(rule_err or "no error: the engine ran")
+assert rule_err and "only supported on the prefill side" in rule_err, "expected the decode-side rule to refuse"
+print("as expected: refused before any process started; the same topology with the fix active is allowed")
+engine.precheck(t)   # default KIT_PATCHES=all: allowed
