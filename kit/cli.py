@@ -94,6 +94,8 @@ def cmd_compare(args) -> int:
         prompts = load_prompts(args.prompts, limit=args.limit)
     except (TopologyError, ValueError) as e:
         return _err(str(e))
+    if args.temperature != 0 or args.distribution:
+        return _sampled_compare(args, topo, prompts)
     try:
         c = compare(topo, prompts, max_tokens=args.max_tokens, timeout=args.timeout)
     except EngineError as e:
@@ -118,6 +120,58 @@ def cmd_compare(args) -> int:
     return 0 if d["identical"] else 1
 
 
+def _sampled_compare(args, topo, prompts) -> int:
+    """``kit compare --temperature T``: sampled acceptance against theory (and ``--distribution``: the output
+    distribution against the plain engine's). Exit 0 when every check holds, 1 when one does not."""
+    import math
+
+    from .engine import EngineError
+    from .sampling import distribution_check, sampled_acceptance
+    from .topology import TopologyError
+
+    t = args.temperature
+    if not (math.isfinite(t) and t > 0):
+        return _err(f"--temperature must be a finite number > 0 for a sampled run, got {t}")
+    if args.samples < 10:
+        return _err(f"--samples must be >= 10, got {args.samples}")
+    try:
+        acc = sampled_acceptance(topo, prompts, t, seed=args.seed, max_tokens=args.max_tokens, timeout=args.timeout)
+        d = acc.to_dict()
+        ok = acc.agrees
+        if args.distribution:
+            check, _ = distribution_check(topo, prompts[:4], t, samples=args.samples, tokens=4, seed=args.seed,
+                                          timeout=args.timeout)
+            d["distribution"] = check.to_dict()
+            ok = ok and check.same_distribution
+    except TopologyError as e:
+        return _err(str(e))
+    except EngineError as e:
+        print(f"kit: engine failed: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"agrees_with_theory": False, "error": str(e), "topology": topo.describe()}))
+        return 1
+    d["ok"] = ok
+    if not args.json or args.verbose:
+        print(f"run        : {topo.label()}, temperature {t}, seed {args.seed}, {len(prompts)} prompts x "
+              f"{args.max_tokens} tokens")
+        print(f"greedy     : accepted {acc.greedy.num_accepted_tokens} of {acc.greedy.num_draft_tokens} drafts "
+              f"(rate {acc.greedy.acceptance_rate})")
+        print(f"sampled    : accepted {acc.sampled.num_accepted_tokens} of {acc.sampled.num_draft_tokens} drafts "
+              f"(rate {acc.sampled.acceptance_rate}, {acc.ratio_to_greedy} x greedy)")
+        print("position   reached accepted expected    sd       z")
+        for p in d["per_position"]:
+            print(f"  {p['position']:<8d} {p['reached']:7d} {p['accepted']:8d} {p['expected']:8.1f} {p['sd']:5.1f} "
+                  f"{p['z'] if p['z'] is not None else '-':>7}")
+        print(f"theory     : {'agrees' if acc.agrees else 'DISAGREES'} (|z| <= {d['z_limit']} at every position)")
+        if args.distribution:
+            dd = d["distribution"]
+            print(f"distribution: {'same' if dd['same_distribution'] else 'DIFFERENT'} as the plain engine's "
+                  f"({dd['num_tests']} chi-square tests, min p {dd['min_p']:.3g}, threshold {dd['threshold']:.3g})")
+    if args.json:
+        print(json.dumps(d))
+    return 0 if ok else 1
+
+
 def cmd_train_tiny(args, rest: list[str]) -> int:
     from . import tinymodel
 
@@ -133,7 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="a topology's greedy tokens against the PP=1 no-spec reference")
     c.add_argument("--model", default="tiny-mimo", help="a model under data/models/ or a path")
     c.add_argument("--random", action="store_true", help="seeded random weights (normal init) instead of trained")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0,
+                   help="seeds the random weights (--random) and the sampled run (request i gets seed + i)")
+    c.add_argument("--temperature", type=float, default=0.0,
+                   help="> 0: a sampled run; reports acceptance per draft position against the target's "
+                        "probabilities instead of comparing greedy tokens")
+    c.add_argument("--distribution", action="store_true",
+                   help="with --temperature: also test that the output distribution equals the plain engine's")
+    c.add_argument("--samples", type=int, default=200, help="samples per context for --distribution")
     c.add_argument("--pp", type=int, default=2)
     c.add_argument("--spec", default=None, help="METHOD:K, e.g. mtp:2, eagle3:2, ngram:3, or none")
     c.add_argument("--prompts", default=None, help="JSONL file of {\"prompt\": ...}; default data/prompts/default.jsonl")

@@ -97,8 +97,11 @@ class LocalEngine:
         """``progress_lines``: print a line per finished prompt (the runner's log, followed by kit.progress)."""
         from vllm import SamplingParams
 
-        sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                            logprobs=2 if top2 else None, seed=seed)
+        # With a seed, request i gets seed + i: its own reproducible generator (the same seed for every request
+        # would make repeated prompts draw identical samples).
+        sp = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                             logprobs=2 if top2 else None, seed=None if seed is None else seed + i)
+              for i in range(len(prompts))]
         before = self.counters()
         t0 = time.monotonic()
         outs = self.llm.generate(prompts, sp, use_tqdm=generation_bar if progress_lines else False)
@@ -216,7 +219,8 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
 def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
              top2: bool = False, seed: int | None = None, timeout: float = DEFAULT_START_TIMEOUT,
              env: dict[str, str] | None = None, check: bool = True, quiet: bool | None = None) -> GenerationResult:
-    """Greedy generation on a fresh engine in a subprocess; returns tokens and spec-decode counters."""
+    """Generation (greedy unless ``temperature`` > 0; request i seeded ``seed + i``) on a fresh engine in a
+    subprocess; returns tokens and spec-decode counters."""
     res = run(topology, [{"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens,
                           "temperature": temperature, "top2": top2, "seed": seed}], timeout=timeout, env=env,
               check=check, quiet=quiet)

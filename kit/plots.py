@@ -207,3 +207,44 @@ def kv_layers_per_rank(layouts: dict[int, list[dict]], num_layers: int,
     fig.update_layout(title=title, height=140 + 38 * n_rows, xaxis=dict(title="layer index", dtick=1),
                       yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+def sampled_vs_theory(points: dict[tuple[int, float], list[dict]], greedy_rate: float | None = None,
+                      title: str = "Sampled acceptance: measured against the target's probabilities"):
+    """``points[(pp, temperature)]``: :meth:`kit.sampling.PositionTheory.to_dict` rows. One panel per draft
+    position: acceptance rate against temperature, theory (the mean of p(draft) over the rounds that reached the
+    position) as a line, measured as markers with +-2 sd bars, one colour per PP size; the greedy rate dotted."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    npos = max((len(v) for v in points.values()), default=1)
+    pps = sorted({pp for pp, _ in points})
+    fig = make_subplots(rows=1, cols=npos, shared_yaxes=True, subplot_titles=[f"draft position {i + 1}" for i in range(npos)])
+    colors = ["#3182bd", "#e6550d", "#31a354", "#756bb1"]
+    for i, pp in enumerate(pps):
+        temps = sorted(t for p, t in points if p == pp)
+        for pos in range(npos):
+            rows = [points[(pp, t)][pos] if pos < len(points[(pp, t)]) else None for t in temps]
+            ok = [(t, r) for t, r in zip(temps, rows) if r and r["reached"]]
+            if not ok:
+                continue
+            x = [t for t, _ in ok]
+            c = colors[i % len(colors)]
+            fig.add_trace(go.Scatter(x=x, y=[r["predicted_rate"] for _, r in ok], mode="lines",
+                                     line=dict(color=c, dash="dash" if i else "solid"), name=f"theory, PP={pp}",
+                                     legendgroup=f"t{pp}", showlegend=pos == 0), row=1, col=pos + 1)
+            fig.add_trace(go.Scatter(
+                x=x, y=[r["measured_rate"] for _, r in ok], mode="markers", name=f"measured, PP={pp}",
+                legendgroup=f"m{pp}", showlegend=pos == 0, marker=dict(size=12 - 3 * i, color=c),
+                error_y=dict(type="data", array=[2 * r["sd"] / r["reached"] for _, r in ok], visible=True),
+                customdata=[[r["reached"], r["accepted"], r["expected"], r["z"]] for _, r in ok],
+                hovertemplate=("T=%{x}: measured %{y:.3f} (%{customdata[1]} of %{customdata[0]}), expected "
+                               "%{customdata[2]}, z=%{customdata[3]}<extra>PP=" + str(pp) + "</extra>")),
+                row=1, col=pos + 1)
+    if greedy_rate is not None:
+        fig.add_hline(y=greedy_rate, line=dict(dash="dot", color="#888"), annotation_text="greedy, position 1",
+                      row=1, col=1)
+    fig.update_xaxes(title_text="temperature")
+    fig.update_yaxes(range=[0, 1.05])
+    fig.update_layout(title=title, height=380, yaxis_title="accepted / reached", legend=dict(orientation="h", y=-0.25))
+    return fig

@@ -170,3 +170,17 @@ class KitWorkerExtension:
         from vllm.distributed.parallel_state import get_pp_group
 
         return {"pp_rank": get_pp_group().rank_in_group, **_DRAFTER_CALLS}
+    def kit_probe_start(self) -> bool:
+        """Start counting sampled drafts against their predicted acceptance (:mod:`kit.acceptance_probe`)."""
+        from . import acceptance_probe
+
+        acceptance_probe.start()
+        return True
+
+    def kit_probe_read(self) -> dict:
+        """This rank's sampled-acceptance counts since ``kit_probe_start`` (zero except on the last rank)."""
+        from vllm.distributed.parallel_state import get_pp_group
+
+        from . import acceptance_probe
+
+        return {"pp_rank": get_pp_group().rank_in_group, **acceptance_probe.read()}

@@ -72,7 +72,7 @@ def register(patch: Patch) -> Patch:
     return patch
 
 
-_MODULES = ("cpu_amx", "cpu_rope_layout", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history", "eagle3_aux_pp", "glm4_moe_dense_stage", "qwen_vl_no_torchvision", "pp_kv_layout_intersect",
+_MODULES = ("cpu_amx", "cpu_rope_layout", "cpu_rejection_expand", "cpu_seeded_generator_rewind", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history", "eagle3_aux_pp", "glm4_moe_dense_stage", "qwen_vl_no_torchvision", "pp_kv_layout_intersect",
             "nixl_cpu_affinity", "nixl_pp_draft_regions", "nixl_pp_consumer", "nixl_progress", "decode_side_rule", "upstream_checks")
 
 
@@ -88,6 +88,8 @@ def registry() -> dict[str, Patch]:
 def _load_modules() -> None:
     from . import (  # noqa: F401
         cpu_amx,
+        cpu_rejection_expand,
+        cpu_seeded_generator_rewind,
         cpu_rope_layout,
         drafter_guard,
         eager_pp_buffers,

