@@ -1,13 +1,16 @@
-"""Correctness as a measurement: a topology's greedy tokens against the PP=1, no-spec reference."""
+"""Correctness as a measurement: a topology's greedy tokens against the PP=1, no-spec reference (``kit compare``)."""
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import GenerationResult, generate
+from .command import add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens
+from .engine import EngineError, GenerationResult, generate
 from .models import PROMPTS_DIR
-from .topology import Topology, TopologyError
+from .topology import Spec, Topology, TopologyError
 
 DEFAULT_PROMPTS = PROMPTS_DIR / "default.jsonl"
 
@@ -90,3 +93,50 @@ def compare(topology: Topology, prompts: list[str], max_tokens: int = 32, timeou
         reference = generate(topology.reference(), prompts, max_tokens=max_tokens, top2=True, timeout=timeout, env=env)
     result = generate(topology, prompts, max_tokens=max_tokens, timeout=timeout, env=env)
     return Comparison(topology, reference, result)
+
+
+# -- kit compare ----------------------------------------------------------------------------------
+
+def register(sub) -> None:
+    """Add ``kit compare`` to the ``kit`` command tree (exit 0 identical, 1 not identical or failed, 2 bad input)."""
+    p = add_command(sub, "compare", run, help="a topology's greedy tokens against the PP=1 no-spec reference")
+    add_model_flags(p)
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--spec", default=None, help="METHOD:K, e.g. mtp:2, eagle3:2, ngram:3, or none")
+    add_prompt_flags(p)
+    add_output_flags(p)
+    p.add_argument("--compiled", action="store_true", help="torch.compile instead of enforce_eager")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--verbose", action="store_true", help="the summary lines too, with --json")
+
+
+def run(args: argparse.Namespace) -> int:
+    topo = Topology(model=args.model, random_weights=args.random, seed=args.seed, pp=args.pp,
+                    spec=Spec.parse(args.spec), dtype=args.dtype, enforce_eager=not args.compiled,
+                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    check_max_tokens(args.max_tokens, topo.model_len)
+    prompts = load_prompts(args.prompts, limit=args.limit)
+    try:
+        c = compare(topo, prompts, max_tokens=args.max_tokens, timeout=args.timeout)
+    except EngineError as e:
+        print(f"kit compare: engine failed: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"identical": False, "error": str(e), "topology": topo.describe()}))
+        return 1
+    d = c.to_dict()
+    if not args.json or args.verbose:
+        print(f"reference : {topo.reference().label()}  ({d['seconds']['reference']:.1f} s)")
+        print(f"run       : {topo.label()}  ({d['seconds']['run']:.1f} s)")
+        print(f"prompts   : {d['num_prompts']} x {args.max_tokens} tokens")
+        print(f"identical : {d['identical']}")
+        if d["first_divergence"]:
+            print(f"divergence: {d['first_divergence']}")
+        a = d["acceptance"]
+        print(f"acceptance: drafts={a['num_drafts']} draft_tokens={a['num_draft_tokens']} "
+              f"accepted={a['num_accepted_tokens']} per_position={a['per_position']} "
+              f"mean_len={a['mean_acceptance_length']}")
+    if args.json:
+        print(json.dumps(d))
+    return 0 if d["identical"] else 1

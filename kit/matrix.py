@@ -1,7 +1,7 @@
 """The correctness matrix: which topologies must be token-identical to the PP=1, no-spec reference.
 
 One place for the cells, used by ``tests/test_correctness.py`` (the fast subset in CI, everything
-with ``-m slow``) and by ``python -m kit.matrix`` (prints the README table).
+with ``-m slow``) and by ``kit matrix`` / ``python -m kit.matrix`` (prints the README table).
 """
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .command import add_command
 from .compare import Comparison, compare, load_prompts
 from .engine import GenerationResult, generate
 from .topology import Topology
@@ -99,12 +100,15 @@ def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX
     return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="run the correctness matrix and print a markdown table")
-    ap.add_argument("--fast", action="store_true", help="only the CI subset")
-    ap.add_argument("--match", default="", help="only cells whose id contains this")
-    ap.add_argument("--jsonl", default=None, help="append one JSON record per cell here")
-    args = ap.parse_args(argv)
+def register(sub) -> None:
+    """Add ``kit matrix`` to the ``kit`` command tree (exit 1 when a cell differs or fails)."""
+    p = add_command(sub, "matrix", run, help="run the correctness matrix and print a markdown table")
+    p.add_argument("--fast", action="store_true", help="only the CI subset")
+    p.add_argument("--match", default="", help="only cells whose id contains this")
+    p.add_argument("--jsonl", default=None, help="append one JSON record per cell here")
+
+
+def run(args: argparse.Namespace) -> int:
     cells = [c for c in CELLS if (c.fast or not args.fast) and args.match in c.id]
     print(f"| cell | identical | first divergence | drafts | accepted | per position | s |")
     print("|---|---|---|---|---|---|---|")
@@ -129,4 +133,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kit.cli import main
+
+    sys.exit(main(["matrix", *sys.argv[1:]]))

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from .command import add_command
 from .models import REPO_ROOT
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -43,12 +44,16 @@ def to_html(executed: Path) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kit report", description=__doc__)
-    ap.add_argument("--out", default=str(REPO_ROOT / "reports"))
-    ap.add_argument("--only", default="", help="run only notebooks whose name contains this")
-    ap.add_argument("--lab", action="store_true", help="(handled by run.sh) open JupyterLab afterwards")
-    args = ap.parse_args(argv)
+def register(sub) -> None:
+    """Add ``kit report`` to the ``kit`` command tree (exit 1 when a notebook fails)."""
+    p = add_command(sub, "report", run, help="execute the notebooks headless and write reports/index.html",
+                    description=__doc__)
+    p.add_argument("--out", default=str(REPO_ROOT / "reports"))
+    p.add_argument("--only", default="", help="run only notebooks whose name contains this")
+    p.add_argument("--lab", action="store_true", help="(handled by run.sh) open JupyterLab afterwards")
+
+
+def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     rows = []
     for nb in notebooks():
@@ -71,4 +76,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kit.cli import main
+
+    sys.exit(main(["report", *sys.argv[1:]]))
