@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    args.argv = argv[1:]  # the subcommand's own arguments, as typed (for commands that record their command line)
     try:
         if getattr(args, "delegated", False):
             return args.func(args, rest)
