@@ -14,12 +14,13 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from .command import add_command, add_model_flags, add_output_flags, add_prompt_flags, parse_assignments
 from .compare import load_prompts
-from .engine import run
+from .engine import run as run_engine
 from .procs import leftover_vllm_processes
 from .results import block_key, check_writable, command_line, write_block
 from .results import machine as _machine_hw
-from .topology import Topology
+from .topology import Topology, TopologyError
 
 
 def machine() -> str:
@@ -31,7 +32,7 @@ def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | Non
     """One fresh engine: start time, TTFT (a 1-token request), decode tokens/s, acceptance, peak RSS."""
     jobs = [{"kind": "generate", "prompts": prompts[:1], "max_tokens": 1},
             {"kind": "generate", "prompts": prompts, "max_tokens": max_tokens}]
-    res = run(topo, jobs, env=env)
+    res = run_engine(topo, jobs, env=env)
     first, full = res["jobs"]
     spec = full["spec"]
     n = sum(len(t) for t in full["token_ids"])
@@ -111,11 +112,8 @@ def parse_pd_cases(text: str) -> list[tuple[int, str | None, int, str | None]]:
             cpp, cspec = right.split(":", 1)
             out.append((int(ppp), None if pspec == "none" else pspec, int(cpp), None if cspec == "none" else cspec))
         except ValueError:
-            raise ValueError(f"--pd item {item!r}: expected PP:SPEC>PP:SPEC, e.g. 1:mtp:2>1:mtp:2") from None
+            raise TopologyError(f"--pd item {item!r}: expected PP:SPEC>PP:SPEC, e.g. 1:mtp:2>1:mtp:2") from None
     return out
-
-
-TOPOLOGIES = [(pp, spec) for pp in (1, 2, 4) for spec in (None, "mtp:1", "mtp:2", "mtp:3")]
 
 
 def patch_overhead_table(topo: Topology, prompts: list[str], max_tokens: int, repeats: int,
@@ -145,51 +143,60 @@ def patch_overhead_table(topo: Topology, prompts: list[str], max_tokens: int, re
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    ap = argparse.ArgumentParser(prog="kit bench", description=__doc__)
-    ap.add_argument("--model", default="tiny-mimo")
-    ap.add_argument("--random", action="store_true")
-    ap.add_argument("--pp", default="1,2,4")
-    ap.add_argument("--spec", default="none,mtp:1,mtp:2,mtp:3")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--compiled", action="store_true")
-    ap.add_argument("--patch-cost", action="store_true",
-                    help="also PP=1 and PP=2 no-spec decode speed with KIT_PATCHES=none, side by side")
-    ap.add_argument("--patch-cost-pp", default="1,2", help="PP sizes for --patch-cost (default 1,2)")
-    ap.add_argument("--patch-overhead", action="store_true",
-                    help="time each per-step patch wrapper on the PP=1 no-spec path (in this process) and relate "
-                         "it to a measured PP=1 decode step; no other table")
-    ap.add_argument("--startup", action="store_true",
-                    help="also PP=2 no-spec start time eager vs compiled, side by side")
-    ap.add_argument("--only-extras", action="store_true", help="skip the PP x spec grid (just --patch-cost/--startup)")
-    ap.add_argument("--pd", default="",
-                    help="PD pairs to add, PRODUCER_PP:SPEC>CONSUMER_PP:SPEC comma-separated, e.g. 1:none>1:none,1:mtp:2>1:mtp:2")
-    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra environment for every engine (overrides the topology's), e.g. VLLM_CPU_OMP_THREADS_BIND=0")
-    ap.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
-    ap.add_argument("--write", default=None, metavar="FILE",
-                    help="also write the table into FILE (e.g. docs/results/bench.md), replacing this command's block")
-    args = ap.parse_args(argv)
-    if args.write and (why := check_writable(args.write)):
-        print(f"kit bench: error: {why}", file=sys.stderr)
-        return 2
-    others = leftover_vllm_processes()
-    if others and not args.force:
-        print("kit bench: other vLLM processes are running; timings would be wrong:\n  " + "\n  ".join(others),
-              file=sys.stderr)
-        return 2
-    from .pd import choose_connector, parse_assignments, pd_topologies
-
+def _ints(text: str, flag: str) -> list[int]:
     try:
-        pd_cases = parse_pd_cases(args.pd)
-        extra_env = parse_assignments(args.env, "--env")
-    except ValueError as e:  # TopologyError included
-        print(f"kit bench: error: {e}", file=sys.stderr)
-        return 2
-    prompts = load_prompts(limit=args.prompts)
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TopologyError(f"{flag} wants comma-separated integers, got {text!r}") from None
+
+
+def _refuse_if_busy(force: bool) -> None:
+    """Timings next to other vLLM processes would be wrong: refuse (bad input, exit 2) unless ``--force``."""
+    others = leftover_vllm_processes()
+    if others and not force:
+        raise TopologyError(f"{len(others)} other vLLM processes are running (pids "
+                            f"{', '.join(o.split()[0] for o in others)}): timings would be wrong; --force runs anyway")
+
+
+def register(sub) -> None:
+    """Add ``kit bench`` to the ``kit`` command tree."""
+    p = add_command(sub, "bench", run, help="start-up, TTFT, decode speed, acceptance and memory per topology",
+                    description=__doc__)
+    add_model_flags(p)
+    p.add_argument("--pp", default="1,2,4", help="PP sizes of the grid, comma-separated")
+    p.add_argument("--spec", default="none,mtp:1,mtp:2,mtp:3", help="spec settings of the grid, comma-separated")
+    p.add_argument("--repeats", type=int, default=3)
+    add_prompt_flags(p, limit=8)
+    add_output_flags(p, max_tokens=64, timeout=None)
+    p.add_argument("--compiled", action="store_true")
+    p.add_argument("--patch-cost", action="store_true",
+                   help="also PP=1 and PP=2 no-spec decode speed with KIT_PATCHES=none, side by side")
+    p.add_argument("--patch-cost-pp", default="1,2", help="PP sizes for --patch-cost (default 1,2)")
+    p.add_argument("--patch-overhead", action="store_true",
+                   help="time each per-step patch wrapper on the PP=1 no-spec path (in this process) and relate "
+                        "it to a measured PP=1 decode step; no other table")
+    p.add_argument("--startup", action="store_true",
+                   help="also PP=2 no-spec start time eager vs compiled, side by side")
+    p.add_argument("--only-extras", action="store_true", help="skip the PP x spec grid (just --patch-cost/--startup)")
+    p.add_argument("--pd", default="",
+                   help="PD pairs to add, PRODUCER_PP:SPEC>CONSUMER_PP:SPEC comma-separated, e.g. 1:none>1:none,1:mtp:2>1:mtp:2")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for every engine (overrides the topology's), e.g. VLLM_CPU_OMP_THREADS_BIND=0")
+    p.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
+    p.add_argument("--write", default=None, metavar="FILE",
+                   help="also write the table into FILE (e.g. docs/results/bench.md), replacing this command's block")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .pd import choose_connector, pd_topologies
+
+    argv = list(getattr(args, "argv", None) or [])
+    if args.write and (why := check_writable(args.write)):
+        raise TopologyError(why)
+    pd_cases = parse_pd_cases(args.pd)
+    extra_env = parse_assignments(args.env, "--env")
+    prompts = load_prompts(args.prompts, limit=args.limit)
+    common = {"model": args.model, "random_weights": args.random, "seed": args.seed, "dtype": args.dtype}
     started = datetime.now(timezone.utc)
     out: list[str] = []
 
@@ -199,32 +206,33 @@ def main(argv: list[str] | None = None) -> int:
                         command_line("kit bench", argv), when=started, title="Benchmarks")
 
     if args.patch_overhead:
-        rc = patch_overhead_table(Topology(model=args.model, random_weights=args.random, pp=1,
-                                           enforce_eager=not args.compiled), prompts, args.max_tokens,
-                                  args.repeats, extra_env, out=out)
+        _refuse_if_busy(args.force)
+        rc = patch_overhead_table(Topology(**common, pp=1, enforce_eager=not args.compiled), prompts,
+                                  args.max_tokens, args.repeats, extra_env, out=out)
         write()
         return rc
     cases = []
-    for pp in ([] if args.only_extras else [int(x) for x in args.pp.split(",")]):
+    for pp in ([] if args.only_extras else _ints(args.pp, "--pp")):
         for spec in args.spec.split(","):
-            cases.append((f"pp{pp} {spec}", Topology(model=args.model, random_weights=args.random, pp=pp,
-                                                     spec=None if spec == "none" else spec,
+            cases.append((f"pp{pp} {spec}", Topology(**common, pp=pp, spec=None if spec == "none" else spec,
                                                      enforce_eager=not args.compiled), None))
     if args.patch_cost:
-        for pp in [int(x) for x in args.patch_cost_pp.split(",") if x.strip()]:
-            t = Topology(model=args.model, random_weights=args.random, pp=pp, enforce_eager=not args.compiled)
+        for pp in _ints(args.patch_cost_pp, "--patch-cost-pp"):
+            t = Topology(**common, pp=pp, enforce_eager=not args.compiled)
             cases.append((f"pp{pp} none [patches on]", t, {"KIT_PATCHES": "all"}))
             # Stock vLLM cannot run eager PP=2 at all (intermediate buffers): keep that one fix.
             off = "eager_pp_intermediate_buffers" if pp > 1 and not args.compiled else "none"
             cases.append((f"pp{pp} none [KIT_PATCHES={off}]", t, {"KIT_PATCHES": off}))
     if args.startup:
         for eager in (True, False):
-            t = Topology(model=args.model, random_weights=args.random, pp=2, enforce_eager=eager)
+            t = Topology(**common, pp=2, enforce_eager=eager)
             cases.append((f"pp2 none [{'eager' if eager else 'compiled'}]", t, None))
     for ppp, pspec, cpp, cspec in pd_cases:
-        p, c = pd_topologies(args.model, ppp, pspec, cpp, cspec, random_weights=args.random)
+        p, c = pd_topologies(args.model, ppp, pspec, cpp, cspec, random_weights=args.random, seed=args.seed,
+                             dtype=args.dtype)
         conn = choose_connector(p, c)[0]
         cases.append((f"PD pp{ppp} {pspec or 'none'} -> pp{cpp} {cspec or 'none'} [{conn}]", (p, c), None))
+    _refuse_if_busy(args.force)
     print(f"# kit bench — {time.strftime('%Y-%m-%d')} — {machine()}")
     if extra_env:
         print(f"# extra environment: {extra_env}")
@@ -270,4 +278,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kit.cli import main
+
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -1,25 +1,29 @@
-"""The ``kit`` command: ``doctor``, ``compare``, ``train-tiny`` (``python -m kit ...`` works too).
+"""The ``kit`` command: one argparse tree, each module registering its subcommand (``python -m kit ...`` too).
 
-Exit codes: 0 success / identical, 1 not identical or a failed run, 2 bad input (checked before
-any process starts, one line on stderr).
+``kit doctor | compare | pd | bench | matrix | report`` are parsed here; ``kit train`` and ``kit zoo`` hand
+their arguments to the trainers' and the zoo's own parsers. Exit codes: 0 success / identical, 1 not identical
+or a failed run, 2 bad input (checked before any process starts: one line on stderr).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
 import sys
 
+from .command import Parser, add_command
+from .models import ModelError
+from .topology import TopologyError
 
-def _err(msg: str) -> int:
-    print(f"kit: error: {msg}", file=sys.stderr)
-    return 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # exit 2 with one line, as argparse does, but in our words
-        self.exit(2, f"kit: error: {message}\n")
+# Subcommands whose arguments go, unparsed, to a module's own ``main(argv)``.
+_DELEGATED = {
+    ("train", "tiny-mimo"): "kit.tinymodel",
+    ("train", "tiny-deepseek"): "kit.tinydeepseek",
+    ("zoo", None): "kit.zoo",
+    ("zoo-status", None): "kit.zoo_status",
+}
 
 
 def cmd_doctor(args) -> int:
@@ -72,176 +76,51 @@ def cmd_doctor(args) -> int:
     return 0
 
 
-def _topology_from_args(args, **extra):
-    from .topology import Spec, Topology
-
-    return Topology(model=args.model, random_weights=args.random, seed=args.seed, pp=args.pp,
-                    spec=Spec.parse(args.spec), dtype=args.dtype, enforce_eager=not args.compiled,
-                    max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, **extra)
-
-
-def cmd_compare(args) -> int:
-    from .compare import compare, load_prompts
-    from .engine import EngineError
-    from .topology import TopologyError
-
-    try:
-        if args.max_tokens < 1:
-            raise TopologyError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-        topo = _topology_from_args(args)
-        if args.max_tokens >= topo.model_len:
-            raise TopologyError(f"--max-tokens {args.max_tokens} exceeds the model length {topo.model_len}")
-        prompts = load_prompts(args.prompts, limit=args.limit)
-    except (TopologyError, ValueError) as e:
-        return _err(str(e))
-    if args.temperature != 0 or args.distribution:
-        return _sampled_compare(args, topo, prompts)
-    try:
-        c = compare(topo, prompts, max_tokens=args.max_tokens, timeout=args.timeout)
-    except EngineError as e:
-        print(f"kit: engine failed: {e}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"identical": False, "error": str(e), "topology": topo.describe()}))
-        return 1
-    d = c.to_dict()
-    if not args.json or args.verbose:
-        print(f"reference : {topo.reference().label()}  ({d['seconds']['reference']:.1f} s)")
-        print(f"run       : {topo.label()}  ({d['seconds']['run']:.1f} s)")
-        print(f"prompts   : {d['num_prompts']} x {args.max_tokens} tokens")
-        print(f"identical : {d['identical']}")
-        if d["first_divergence"]:
-            print(f"divergence: {d['first_divergence']}")
-        a = d["acceptance"]
-        print(f"acceptance: drafts={a['num_drafts']} draft_tokens={a['num_draft_tokens']} "
-              f"accepted={a['num_accepted_tokens']} per_position={a['per_position']} "
-              f"mean_len={a['mean_acceptance_length']}")
-    if args.json:
-        print(json.dumps(d))
-    return 0 if d["identical"] else 1
-
-
-def _sampled_compare(args, topo, prompts) -> int:
-    """``kit compare --temperature T``: sampled acceptance against theory (and ``--distribution``: the output
-    distribution against the plain engine's). Exit 0 when every check holds, 1 when one does not."""
-    import math
-
-    from .engine import EngineError
-    from .sampling import distribution_check, sampled_acceptance
-    from .topology import TopologyError
-
-    t = args.temperature
-    if not (math.isfinite(t) and t > 0):
-        return _err(f"--temperature must be a finite number > 0 for a sampled run, got {t}")
-    if args.samples < 10:
-        return _err(f"--samples must be >= 10, got {args.samples}")
-    try:
-        acc = sampled_acceptance(topo, prompts, t, seed=args.seed, max_tokens=args.max_tokens, timeout=args.timeout)
-        d = acc.to_dict()
-        ok = acc.agrees
-        if args.distribution:
-            check, _ = distribution_check(topo, prompts[:4], t, samples=args.samples, tokens=4, seed=args.seed,
-                                          timeout=args.timeout)
-            d["distribution"] = check.to_dict()
-            ok = ok and check.same_distribution
-    except TopologyError as e:
-        return _err(str(e))
-    except EngineError as e:
-        print(f"kit: engine failed: {e}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"agrees_with_theory": False, "error": str(e), "topology": topo.describe()}))
-        return 1
-    d["ok"] = ok
-    if not args.json or args.verbose:
-        print(f"run        : {topo.label()}, temperature {t}, seed {args.seed}, {len(prompts)} prompts x "
-              f"{args.max_tokens} tokens")
-        print(f"greedy     : accepted {acc.greedy.num_accepted_tokens} of {acc.greedy.num_draft_tokens} drafts "
-              f"(rate {acc.greedy.acceptance_rate})")
-        print(f"sampled    : accepted {acc.sampled.num_accepted_tokens} of {acc.sampled.num_draft_tokens} drafts "
-              f"(rate {acc.sampled.acceptance_rate}, {acc.ratio_to_greedy} x greedy)")
-        print("position   reached accepted expected    sd       z")
-        for p in d["per_position"]:
-            print(f"  {p['position']:<8d} {p['reached']:7d} {p['accepted']:8d} {p['expected']:8.1f} {p['sd']:5.1f} "
-                  f"{p['z'] if p['z'] is not None else '-':>7}")
-        print(f"theory     : {'agrees' if acc.agrees else 'DISAGREES'} (|z| <= {d['z_limit']} at every position)")
-        if args.distribution:
-            dd = d["distribution"]
-            print(f"distribution: {'same' if dd['same_distribution'] else 'DIFFERENT'} as the plain engine's "
-                  f"({dd['num_tests']} chi-square tests, min p {dd['min_p']:.3g}, threshold {dd['threshold']:.3g})")
-    if args.json:
-        print(json.dumps(d))
-    return 0 if ok else 1
-
-
-def cmd_train_tiny(args, rest: list[str]) -> int:
-    from . import tinymodel
-
-    return tinymodel.main(rest) or 0
+def _delegate(args: argparse.Namespace, rest: list[str]) -> int:
+    module = _DELEGATED[(args.cmd, getattr(args, "model", None))]
+    return importlib.import_module(module).main(rest) or 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kit", description="ppmtp-kit: PP + speculative decoding on real vLLM")
-    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    d = sub.add_parser("doctor", help="versions, device, cores, memory and patch status")
+    from . import bench, compare, matrix, report
+    from .pd import cli as pd_cli
+
+    p = Parser(prog="kit", description="ppmtp-kit: PP + speculative decoding on real vLLM")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser, metavar="COMMAND")
+    d = add_command(sub, "doctor", cmd_doctor, help="versions, device, cores, memory and patch status")
     d.add_argument("--json", action="store_true")
-
-    c = sub.add_parser("compare", help="a topology's greedy tokens against the PP=1 no-spec reference")
-    c.add_argument("--model", default="tiny-mimo", help="a model under data/models/ or a path")
-    c.add_argument("--random", action="store_true", help="seeded random weights (normal init) instead of trained")
-    c.add_argument("--seed", type=int, default=0,
-                   help="seeds the random weights (--random) and the sampled run (request i gets seed + i)")
-    c.add_argument("--temperature", type=float, default=0.0,
-                   help="> 0: a sampled run; reports acceptance per draft position against the target's "
-                        "probabilities instead of comparing greedy tokens")
-    c.add_argument("--distribution", action="store_true",
-                   help="with --temperature: also test that the output distribution equals the plain engine's")
-    c.add_argument("--samples", type=int, default=200, help="samples per context for --distribution")
-    c.add_argument("--pp", type=int, default=2)
-    c.add_argument("--spec", default=None, help="METHOD:K, e.g. mtp:2, eagle3:2, ngram:3, or none")
-    c.add_argument("--prompts", default=None, help="JSONL file of {\"prompt\": ...}; default data/prompts/default.jsonl")
-    c.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
-    c.add_argument("--max-tokens", type=int, default=32)
-    c.add_argument("--dtype", default="float32")
-    c.add_argument("--compiled", action="store_true", help="torch.compile instead of enforce_eager")
-    c.add_argument("--max-num-seqs", type=int, default=None)
-    c.add_argument("--max-model-len", type=int, default=None)
-    c.add_argument("--timeout", type=float, default=900.0, help="seconds per engine run")
-    c.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    c.add_argument("--verbose", action="store_true")
-
-    sub.add_parser("train-tiny", help="train the tiny-mimo checkpoint (see kit.tinymodel)", add_help=False)
-    sub.add_parser("report", help="execute the notebooks headless and write reports/index.html", add_help=False)
-    sub.add_parser("bench", help="start-up, TTFT, decode speed, acceptance and memory per topology", add_help=False)
-    sub.add_parser("pd", help="producer PP+MTP hands KV to a consumer; compare with the reference", add_help=False)
-    sub.add_parser("matrix", help="run the correctness matrix and print a markdown table", add_help=False)
+    compare.register(sub)
+    pd_cli.register(sub)
+    bench.register(sub)
+    matrix.register(sub)
+    report.register(sub)
+    # add_help=False: -h/--help reach the module's own parser.
+    t = sub.add_parser("train", add_help=False, help="train a tiny checkpoint: tiny-mimo (kit.tinymodel: also its "
+                       "parity/acceptance checks) or tiny-deepseek (kit.tinydeepseek); the rest goes to its parser")
+    t.add_argument("model", metavar="MODEL", choices=["tiny-mimo", "tiny-deepseek"])
+    t.set_defaults(func=_delegate, prog=t.prog, delegated=True)
+    for name, text in (("zoo", "write the tiny model zoo's configs and tokenizers (kit.zoo)"),
+                       ("zoo-status", "probe which zoo families vLLM starts at PP=1 with their drafter (kit.zoo_status)")):
+        z = sub.add_parser(name, add_help=False, help=text)
+        z.set_defaults(func=_delegate, prog=z.prog, delegated=True)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``kit ...``: parse, run the subcommand, and turn bad input into one stderr line and exit 2."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "train-tiny":
-        return cmd_train_tiny(None, argv[1:])
-    if argv and argv[0] == "report":
-        from .report import main as report_main
-
-        return report_main(argv[1:])
-    if argv and argv[0] == "bench":
-        from .bench import main as bench_main
-
-        return bench_main(argv[1:])
-    if argv and argv[0] == "pd":
-        from .pd import main as pd_main
-
-        return pd_main(argv[1:])
-    if argv and argv[0] == "matrix":
-        from .matrix import main as matrix_main
-
-        return matrix_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    if args.cmd == "doctor":
-        return cmd_doctor(args)
-    if args.cmd == "compare":
-        return cmd_compare(args)
-    return 2
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    args.argv = argv[1:]  # the subcommand's own arguments, as typed (for commands that record their command line)
+    try:
+        if getattr(args, "delegated", False):
+            return args.func(args, rest)
+        if rest:
+            raise TopologyError(f"unrecognized arguments: {' '.join(rest)}")
+        return args.func(args)
+    except (TopologyError, ModelError) as e:
+        print(f"{args.prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The correctness matrix: which topologies must be token-identical to the PP=1, no-spec reference.
 
 One place for the cells, used by ``tests/test_correctness.py`` (the fast subset in CI, everything
-with ``-m slow``) and by ``python -m kit.matrix`` (prints a markdown table; ``--write docs/results/matrix.md``
+with ``-m slow``) and by ``kit matrix`` / ``python -m kit.matrix`` (prints a markdown table; ``--write docs/results/matrix.md``
 also writes it there, headed by date, machine, versions and the command, see :mod:`kit.results`).
 """
 from __future__ import annotations
@@ -11,13 +11,14 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from .command import add_command
 from .compare import Comparison, compare, load_prompts
 from .engine import GenerationResult, generate
 from .results import block_key, check_writable, command_line, write_block
-from .topology import Topology
+from .topology import Topology, TopologyError
 
 
 @dataclass(frozen=True)
@@ -119,19 +120,20 @@ def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX
     return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    ap = argparse.ArgumentParser(prog="python -m kit.matrix",
-                                 description="run the correctness matrix and print a markdown table")
-    ap.add_argument("--fast", action="store_true", help="only the CI subset")
-    ap.add_argument("--match", default="", help="only cells whose id contains this")
-    ap.add_argument("--jsonl", default=None, help="append one JSON record per cell here")
-    ap.add_argument("--write", default=None, metavar="FILE",
-                    help="also write the table into FILE (e.g. docs/results/matrix.md), replacing this command's block")
-    args = ap.parse_args(argv)
+def register(sub) -> None:
+    """Add ``kit matrix`` to the ``kit`` command tree (exit 1 when a cell differs or fails)."""
+    p = add_command(sub, "matrix", run, help="run the correctness matrix and print a markdown table")
+    p.add_argument("--fast", action="store_true", help="only the CI subset")
+    p.add_argument("--match", default="", help="only cells whose id contains this")
+    p.add_argument("--jsonl", default=None, help="append one JSON record per cell here")
+    p.add_argument("--write", default=None, metavar="FILE",
+                   help="also write the table into FILE (e.g. docs/results/matrix.md), replacing this command's block")
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = list(getattr(args, "argv", None) or [])
     if args.write and (why := check_writable(args.write)):
-        print(f"python -m kit.matrix: error: {why}", file=sys.stderr)
-        return 2
+        raise TopologyError(why)
     cells = [c for c in CELLS if (c.fast or not args.fast) and args.match in c.id]
     started, t_start = datetime.now(timezone.utc), time.monotonic()
     lines = ["| cell | identical | first divergence | drafts | accepted | per position | s |",
@@ -167,4 +169,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kit.cli import main
+
+    sys.exit(main(["matrix", *sys.argv[1:]]))

@@ -41,44 +41,94 @@ class ProcessFailed(RuntimeError):
 # vLLM colours its log lines when it thinks a terminal is attached (e.g. under a Jupyter kernel, which
 # sets CLICOLOR/FORCE_COLOR-style variables): strip the escapes before matching.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_PREFIX = re.compile(r"^\((?P<proc>[^)]*pid=\d+)\)\s+(?:[A-Z]+\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\]\s?)?")
-_EXC_LINE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
-_SIGNALS = re.compile(r"(SIGILL|SIGSEGV|SIGKILL|Illegal instruction|Segmentation fault|core dumped|out of memory|"
-                      r"died|exit code -?\d+)", re.I)
+# ``(Worker_PP1 pid=N) ERROR 12-01 03:27:51 [file.py:123] text``: the process tag and the logger's level, date
+# and source are optional (the front end's own lines and raw tracebacks carry neither).
+_PREFIX = re.compile(r"^(?:\((?P<proc>[^)]*pid=\d+)\)\s+)?"
+                     r"(?:(?P<level>[A-Z]+)\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\]\s?)?")
+_SIGNALS = re.compile(r"(SIGILL|SIGSEGV|SIGBUS|SIGKILL|Illegal instruction|Segmentation fault|Bus error|"
+                      r"core dumped|out of memory|died|exit code -?\d+)", re.I)
+# A vLLM server or engine that failed during start-up says so with one of these.
+_STARTUP_FAILED = re.compile(r"EngineCore failed to start|WorkerProc hit an exception|"
+                             r"Engine core initialization failed")
+
+
+def _log_lines(log_path: Path | None) -> list[tuple[str, str, str]]:
+    """``(process tag, level, text)`` per line, colours and prefixes stripped; [] without a log."""
+    try:
+        raw = Path(log_path).read_text(errors="replace").splitlines() if log_path else []
+    except OSError:
+        return []
+    out = []
+    for line in raw:
+        line = _ANSI.sub("", line)
+        m = _PREFIX.match(line)
+        out.append((m.group("proc") or "", m.group("level") or "", line[m.end():]))
+    return out
+
+
+def _first_traceback(lines: list[tuple[str, str, str]]) -> tuple[str, list[str]] | None:
+    """The FIRST traceback (the original failure; later ones are consequences: a dead engine core, then the
+    caller's error): its process tag and its lines from the header to the exception line. Lines of other
+    processes and plain log lines interleave and are skipped; ``^~~~`` markers are dropped."""
+    start = next((i for i, (_, _, t) in enumerate(lines) if t.startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return None
+    proc = lines[start][0]
+    block = [lines[start][2]]
+    for p, level, t in lines[start + 1:]:
+        if p != proc or level in ("DEBUG", "INFO", "WARNING") or not t.strip() or set(t.strip()) <= set("^~"):
+            continue
+        block.append(t)
+        if not t[0].isspace():  # the first unindented line after the header is the exception
+            break
+    return proc, block
+
+
+def _shm_hint(lines: list[str]) -> list[str]:
+    """SIGBUS in a vLLM process is most often a full /dev/shm (its shared-memory queues are mmapped files)."""
+    if not any(re.search(r"SIGBUS|Bus error", l) for l in lines):
+        return []
+    try:
+        import shutil
+
+        free = f"{shutil.disk_usage('/dev/shm').free / 2**20:.0f} MiB free now"
+    except OSError:
+        free = "not readable"
+    return [f"hint: SIGBUS usually means /dev/shm ran out of space ({free}); remove stale psm_* entries or enlarge it"]
 
 
 def root_cause(log_path: Path | None, max_lines: int = 20) -> list[str]:
     """The lines of a vLLM log that say why it failed.
 
-    vLLM prefixes each child's lines with ``(Worker_PP1 pid=N) ERROR <date> [file:line]``; those are
-    stripped. The FIRST traceback is the original failure (later ones are consequences: a dead engine
-    core, then the caller's error), so its last frames and exception line are returned, named by the
-    process that raised it, plus any signal / exit-code lines.
+    The first traceback's last frames and exception line, named by the process that raised it, plus any
+    signal / exit-code lines (and a hint for SIGBUS).
     """
-    if log_path is None or not Path(log_path).exists():
-        return []
-    clean = []
-    for line in Path(log_path).read_text(errors="replace").splitlines():
-        line = _ANSI.sub("", line)
-        m = _PREFIX.match(line)
-        clean.append((m.group("proc") if m else "", _PREFIX.sub("", line)))
+    lines = _log_lines(log_path)
     picked: list[str] = []
-    starts = [i for i, (_, t) in enumerate(clean) if t.startswith("Traceback (most recent call last)")]
-    if starts:
-        proc = clean[starts[0]][0]
-        block = []
-        for p, t in clean[starts[0]:]:
-            if p != proc:  # lines of other processes interleave
-                continue
-            block.append(t)
-            if _EXC_LINE.match(t):
-                break
+    tb = _first_traceback(lines)
+    if tb:
+        proc, block = tb
         head = f"in {proc.split(' pid=')[0]}:" if proc else "in the engine process:"
-        picked = [head] + [l for l in block if l.strip() and not set(l.strip()) <= set("^~")][-(max_lines - 1):]
-    for p, t in clean:
+        picked = [head] + block[-(max_lines - 1):]
+    for p, _, t in lines:
         if _SIGNALS.search(t) and t not in picked:
             picked.append(t if not p else f"[{p.split(' pid=')[0]}] {t}")
-    return picked[:max_lines + 6]
+    return picked[:max_lines + 6] + _shm_hint(picked)
+
+
+def fatal_log_lines(log_path: Path | None, max_lines: int = 8) -> list[str]:
+    """[] unless the log shows a vLLM start-up failure; else the lines that say why, short: the innermost
+    frame of the first traceback, its source line and the exception (without a traceback: the ERROR lines)."""
+    lines = _log_lines(log_path)
+    if not any(_STARTUP_FAILED.search(t) for _, _, t in lines):
+        return []
+    tb = _first_traceback(lines)
+    if tb is None:
+        return [t.strip() for _, level, t in lines if level == "ERROR" and t.strip()
+                and not _STARTUP_FAILED.search(t)][-max_lines:]
+    block = tb[1]
+    frames = [i for i, t in enumerate(block) if t.lstrip().startswith('File "')]
+    return [t.strip() for t in block[frames[-1] if frames else 0:]][-max_lines:]
 
 
 def _set_pdeathsig() -> None:  # runs in the child before exec

@@ -66,14 +66,6 @@ class RayClusterError(RuntimeError):
     """The local Ray cluster did not come up (or Ray is not installed)."""
 
 
-def ray_available() -> bool:
-    try:
-        import ray  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
 def _ray_cli() -> str:
     exe = Path(sys.executable).with_name("ray")
     if exe.exists():

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from .command import add_command
 from .models import REPO_ROOT
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
@@ -157,12 +158,16 @@ padding:1px 8px;font-size:90%}} li{{font-size:90%;margin-bottom:.3em}}</style></
 <table>{vers}</table>{''.join(sections)}</body></html>"""
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kit report", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(REPO_ROOT / "reports"))
-    ap.add_argument("--only", default="", help="run only notebooks whose name contains this")
-    ap.add_argument("--lab", action="store_true", help="(handled by run.sh) open JupyterLab afterwards")
-    args = ap.parse_args(argv)
+def register(sub) -> None:
+    """Add ``kit report`` to the ``kit`` command tree (exit 1 when a notebook fails)."""
+    p = add_command(sub, "report", run, help="execute the notebooks headless and write reports/index.html",
+                    description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(REPO_ROOT / "reports"))
+    p.add_argument("--only", default="", help="run only notebooks whose name contains this")
+    p.add_argument("--lab", action="store_true", help="(handled by run.sh) open JupyterLab afterwards")
+
+
+def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     rows = []
     for nb in notebooks():
@@ -184,4 +189,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kit.cli import main
+
+    sys.exit(main(["report", *sys.argv[1:]]))

@@ -52,14 +52,55 @@ def test_doctor_reports_versions_and_patches():
     assert "kit.patches:load_plugin" in info["plugin_entry_points"]
 
 
-def test_bench_pd_cases_parse_and_bad_input_exits_2(capsys):
-    from kit.bench import main as bench_main, parse_pd_cases
+def test_bench_pd_cases_parse_and_bad_input_exits_2(capsys, tmp_path):
+    from kit.bench import parse_pd_cases
+    from kit.cli import main
 
     assert parse_pd_cases("1:none>1:none, 2:mtp:2>1:mtp:2") == [(1, None, 1, None), (2, "mtp:2", 1, "mtp:2")]
     assert parse_pd_cases("") == []
     with pytest.raises(ValueError, match="PP:SPEC>PP:SPEC"):
         parse_pd_cases("1:none")
-    assert bench_main(["--pd", "2-1", "--only-extras", "--force"]) == 2
+    assert main(["bench", "--pd", "2-1", "--only-extras", "--force"]) == 2
     assert "PP:SPEC>PP:SPEC" in capsys.readouterr().err
-    assert bench_main(["--env", "NOVALUE", "--only-extras", "--force"]) == 2
+    assert main(["bench", "--env", "NOVALUE", "--only-extras", "--force"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+    # --prompts is a file in every subcommand; the count of prompts is --limit.
+    assert main(["bench", "--prompts", str(tmp_path / "none.jsonl"), "--only-extras", "--force"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["bench", "--pp", "1,x", "--force"]) == 2
+    assert "--pp wants comma-separated integers" in capsys.readouterr().err
+
+
+# Every subcommand of the one tree, and what its --help must show (its own parser, or the module it hands to).
+SUBCOMMANDS = [
+    (["doctor"], "--json"), (["compare"], "--spec"), (["pd"], "--producer-pp"), (["bench"], "--patch-overhead"),
+    (["matrix"], "--fast"), (["report"], "--only"), (["train", "tiny-mimo"], "--quick"),
+    (["train", "tiny-deepseek"], "--no-q-rope"), (["zoo"], "--no-tokenizer"), (["zoo-status"], "--write"),
+]
+
+
+@pytest.mark.parametrize("cmd, flag", SUBCOMMANDS, ids=[" ".join(c) for c, _ in SUBCOMMANDS])
+def test_every_subcommand_is_reachable_as_kit_and_python_m_kit(cmd, flag):
+    import os
+    import shutil
+
+    p, _ = kit(*cmd, "--help", timeout=120)
+    assert p.returncode == 0 and flag in p.stdout, (p.stdout, p.stderr)
+    exe = shutil.which("kit", path=os.path.dirname(sys.executable))
+    if exe:  # the console script of the installed package
+        q = subprocess.run([exe, *cmd, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert q.returncode == 0 and flag in q.stdout, q.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["nosuch"], "invalid choice"),
+    (["compare", "--bogus"], "unrecognized arguments: --bogus"),
+    (["train"], "required: MODEL"),
+    (["pd", "--concurrency", "0"], "--concurrency must be >= 1"),
+])
+def test_every_error_is_one_line_and_exit_2(args, fragment):
+    p, secs = kit(*args)
+    assert p.returncode == 2 and fragment in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("kit"), p.stderr
+    assert secs < 20

@@ -155,14 +155,18 @@ def test_fatal_log_lines(tmp_path):
 
 
 def test_main_bad_input_exits_2_before_any_server(tmp_path, capsys):
+    from kit.cli import main
+
     m, r = _model()
     rnd = ["--random"] if r else []
-    assert pd.main(["--model", "no-such-model", "--random"]) == 2
-    assert pd.main(["--model", m, *rnd, "--producer-spec", "mtp"]) == 2  # k missing
-    assert pd.main(["--model", m, *rnd, "--max-tokens", "0"]) == 2
-    assert pd.main(["--model", m, *rnd, "--prompts", str(tmp_path / "none.jsonl")]) == 2
-    assert pd.main(["--model", m, *rnd, "--producer-pp", "9"]) == 2
-    assert "error" in capsys.readouterr().err
+    assert main(["pd", "--model", "no-such-model", "--random"]) == 2
+    assert main(["pd", "--model", m, *rnd, "--producer-spec", "mtp"]) == 2  # k missing
+    assert main(["pd", "--model", m, *rnd, "--max-tokens", "0"]) == 2
+    assert main(["pd", "--model", m, *rnd, "--prompts", str(tmp_path / "none.jsonl")]) == 2
+    assert main(["pd", "--model", m, *rnd, "--producer-pp", "9"]) == 2
+    assert main(["pd", "--model", m, *rnd, "--consumer-pp", "2"]) == 2  # a PP=2 consumer needs a PP=2 producer
+    err = capsys.readouterr().err
+    assert "error" in err and all(line.startswith("kit pd: error: ") for line in err.strip().splitlines()), err
 
 
 # -- real servers ----------------------------------------------------------------------------------

@@ -20,6 +20,35 @@ def test_root_cause_strips_colour_and_process_prefixes(tmp_path):
     assert not any(esc in line for line in got)
 
 
+
+def test_startup_failure_lines_and_sigbus_hint(tmp_path):
+    """The short start-up form (what a PD pair reports while the other server still boots) comes from the same
+    parser: innermost frame, its code, the exception; a log without a start-up failure gives nothing. A SIGBUS
+    line brings the /dev/shm hint."""
+    from kit.procs import fatal_log_lines
+
+    esc = "\x1b"
+    pre = f"{esc}[0;36m(EngineCore_DP0 pid=7){esc}[0;0m ERROR 12-01 03:27:51 [core.py:1]"
+    log = tmp_path / "consumer.log"
+    log.write_text("\n".join([
+        f"{pre} EngineCore failed to start.",
+        f"{pre} Traceback (most recent call last):",
+        f'{pre}   File "core.py", line 1, in run',
+        "(APIServer pid=6) INFO 12-01 03:27:51 [api_server.py:1] waiting for the engine",
+        f'{pre}   File "nixl_connector.py", line 9, in __init__',
+        f"{pre}     raise NotImplementedError(msg)",
+        f"{pre} NotImplementedError: does not support pipeline_parallel_size > 1.",
+    ]) + "\n")
+    assert fatal_log_lines(log) == ['File "nixl_connector.py", line 9, in __init__', "raise NotImplementedError(msg)",
+                                    "NotImplementedError: does not support pipeline_parallel_size > 1."]
+    ok = tmp_path / "ok.log"
+    ok.write_text("(Worker_PP1 pid=1) INFO 12-01 03:27:51 [x.py:1] Bus error handling: none\n")
+    assert fatal_log_lines(ok) == []
+    bus = tmp_path / "bus.log"
+    bus.write_text("(Worker_PP1 pid=1) ERROR 12-01 03:27:51 [x.py:1] Worker died: Fatal Python error: Bus error\n")
+    got = root_cause(bus)
+    assert got[0] == "[Worker_PP1] Worker died: Fatal Python error: Bus error" and "/dev/shm" in got[-1], got
+
 # -- kit.guard: the tree a ManagedProcess starts dies with its caller, however the caller dies -----------
 
 import os  # noqa: E402

@@ -1,0 +1,102 @@
+"""``kit pd``: a producer/consumer pair on real vLLM servers, compared with the PP=1 no-spec reference.
+
+Exit 0 identical and the handoff worked, 1 otherwise, 2 bad input (before any server starts).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens,
+                       parse_assignments)
+from ..engine import EngineError
+from ..topology import Spec, TopologyError
+from .client import PDError
+from .compare import pd_compare
+from .layout import DEFAULT_KV_EXTRA_CONFIG, check_pair, pd_topologies
+
+
+def parse_kv_extra(items: list[str]) -> dict:
+    """``--kv-extra`` entries: ``kv_connector_extra_config`` keys, values read as JSON when they parse."""
+    return parse_assignments(items, "--kv-extra", json_values=True)
+
+
+def register(sub) -> None:
+    """Add ``kit pd`` to the ``kit`` command tree."""
+    p = add_command(sub, "pd", run, help="producer (prefill) hands KV to a consumer (decode); compare with the reference",
+                    description="PD disaggregation on real vLLM servers with a NIXL connector: producer (prefill) "
+                                "-> consumer (decode), compared with the PP=1 no-spec reference")
+    add_model_flags(p)
+    p.add_argument("--producer-pp", type=int, default=1)
+    p.add_argument("--producer-spec", default=None, help="METHOD:K on the producer, e.g. mtp:2 (or none)")
+    p.add_argument("--consumer-pp", type=int, default=1)
+    p.add_argument("--consumer-spec", default=None, help="METHOD:K on the consumer (or none)")
+    p.add_argument("--connector", choices=["auto", "nixl", "nixl-push"], default="auto",
+                   help="pull (nixl), push (nixl-push), or auto: push when the KV layer layouts differ")
+    add_prompt_flags(p)
+    add_output_flags(p)
+    p.add_argument("--stream", action="store_true", help="stream from the consumer")
+    p.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    p.add_argument("--colocated-acceptance", action="store_true",
+                   help="also run the consumer topology as one plain engine and compare spec-decode acceptance")
+    p.add_argument("--kv-extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="a kv_connector_extra_config entry for both servers (VALUE read as JSON when it parses), "
+                        "e.g. enforce_handshake_compat=false; repeatable")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..compare import load_prompts
+
+    if args.concurrency < 1:
+        raise TopologyError(f"--concurrency must be >= 1, got {args.concurrency}")
+    prod, cons = pd_topologies(args.model, args.producer_pp, Spec.parse(args.producer_spec), args.consumer_pp,
+                               Spec.parse(args.consumer_spec), random_weights=args.random, seed=args.seed,
+                               dtype=args.dtype)
+    check_max_tokens(args.max_tokens, cons.model_len)
+    if not args.random and not prod.info.has_trained_weights:
+        raise TopologyError(f"model {prod.info.name} ships no trained weights: use random weights (--random)")
+    prompts = load_prompts(args.prompts, limit=args.limit)
+    kv_extra = parse_kv_extra(args.kv_extra)
+    connector = None if args.connector == "auto" else args.connector
+    check_pair(prod, cons, connector, None, {**DEFAULT_KV_EXTRA_CONFIG, **kv_extra})  # refuses what vLLM would
+    try:
+        d = pd_compare(prod, cons, prompts, max_tokens=args.max_tokens, stream=args.stream,
+                       concurrency=args.concurrency, connector=connector, timeout=args.timeout,
+                       colocated=args.colocated_acceptance, kv_extra_config=kv_extra)
+    except (EngineError, PDError) as e:
+        print(f"kit pd: failed: {e}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"identical": False, "handoff_ok": False, "error": str(e)}))
+        return 1
+    if args.json:
+        print(json.dumps(d))
+    else:
+        _print_summary(d, prod.label(), cons.label(), args)
+    return 0 if d["identical"] and d["handoff_ok"] else 1
+
+
+def _print_summary(d: dict, producer: str, consumer: str, args: argparse.Namespace) -> None:
+    print(f"connector : {d['connector_class']} ({d['connector_reason']})")
+    print(f"producer  : {producer}   consumer: {consumer}")
+    print(f"prompts   : {d['num_prompts']} x {args.max_tokens} tokens, stream={args.stream}, "
+          f"concurrency={args.concurrency}")
+    print(f"identical : {d['identical']}" + (f"  divergence {d['first_divergence']}" if d["first_divergence"] else ""))
+    print(f"kv bytes  : measured {d['kv_bytes_transferred']} in {d['kv_transfers']} transfers, "
+          f"expected {d['kv_bytes_expected']} ({d['kv_expected']['formula']})")
+    print(f"consumer  : prefill tokens computed {d['consumer_prefill_tokens_computed']}, "
+          f"received {d['consumer_external_tokens']} of {d['prompt_tokens']}")
+    print(f"handoff   : {'ok' if d['handoff_ok'] else 'FAILED'} {d['handoff_checks']}")
+    for t in d["timings"]["per_request"]:
+        print(f"  #{t['index']}: {t['prompt_tokens']} prompt tokens, prefill {t['producer_prefill_s']} s, "
+              f"consumer ttft {t['consumer_ttft_s']} s (server {t['consumer_ttft_server_ms']} ms), total {t['total_s']} s")
+    if d["consumer_spec"]:
+        print(f"consumer spec: {d['consumer_spec']}")
+    if d["acceptance_vs_colocated"]:
+        a = d["acceptance_vs_colocated"]
+        print(f"vs colocated: accepted equal {a['accepted_equal']} (consumer {a['consumer']['per_position']}, "
+              f"colocated {a['colocated']['per_position']}), extra verify rounds {a['extra_draft_rounds']} "
+              f"for {a['requests']} requests")
+    for e in d["errors"]:
+        print(f"error: {e}")
