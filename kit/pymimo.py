@@ -43,7 +43,7 @@ PRESET = tm.ModelConfig(vocab_size=2048, hidden_size=384, intermediate_size=1024
                         num_attention_heads=6, num_key_value_heads=6, max_position_embeddings=2048)
 
 
-def train_config(steps: int = 6000, seed: int = 0) -> tm.TrainConfig:
+def train_config(steps: int = 4500, seed: int = 0) -> tm.TrainConfig:
     """The shipped recipe: batch 64 x 512 tokens, AdamW, peak LR 1.5e-3, cosine to 10 %, drafter distillation."""
     return tm.TrainConfig(seed=seed, steps=steps, batch_size=64, seq_len=512, lr=1.5e-3, min_lr_ratio=0.1,
                           warmup_steps=200, weight_decay=0.1, grad_clip=1.0, mtp_weight=1.0, chain_weight=0.5,
