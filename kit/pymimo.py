@@ -17,6 +17,7 @@ Command line::
 
     python -m kit.pymimo train --corpus PACK [--out DIR] [--device cuda|cpu] [--steps N] [--quick]
     python -m kit.pymimo merge DIR        # shards -> model.safetensors, weights.json, manifest sha256
+    python -m kit.pymimo forward-time [--model DIR] [--threads 1 2]   # PyTorch batch-1 decode forward, CPU
 """
 from __future__ import annotations
 
@@ -262,6 +263,35 @@ def train(tc: tm.TrainConfig, corpus: Path, out: Path, device: str = "cpu", shar
     return manifest
 
 
+def forward_time(model_dir: Path, threads: int, repeats: int = 200, position: int = 64) -> dict:
+    """Seconds for one batch-1 decode forward of the PyTorch model (float32, CPU, ``threads`` intra-op threads):
+    one token through embedding, every trunk layer, the final norm and the LM head, and separately through
+    the MTP layer and the LM head (one draft step). Attention sees the token alone (no KV cache), which
+    leaves out the attention over the context: small next to the layers' matrix-vector products at the
+    context lengths the kit uses (a few hundred tokens, head_dim 64). Min and median of ``repeats``."""
+    import statistics
+
+    import torch
+
+    torch.set_num_threads(threads)
+    model = tm.load_model(model_dir)
+    x, pos = torch.tensor([[5]]), torch.tensor([position])
+    out: dict = {"threads": threads, "repeats": repeats}
+    with torch.inference_mode():
+        h = model.hidden(x, pos)
+        for name, fn in (("trunk", lambda: model.logits(model.hidden(x, pos))),
+                         ("mtp_draft", lambda: model.mtp_logits(model.mtp_hidden(h, x, pos)))):
+            for _ in range(10):
+                fn()
+            ts = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            out[name] = {"min_ms": round(1e3 * min(ts), 3), "median_ms": round(1e3 * statistics.median(ts), 3)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="kit.pymimo", description="Train mimo-py-18m (GPU or CPU; no vLLM needed).")
@@ -278,9 +308,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="after training, simulate MTP acceptance (k 1..3, 64 greedy tokens) on this prompt file")
     m = sub.add_parser("merge")
     m.add_argument("dir")
+    f = sub.add_parser("forward-time", help="time one batch-1 decode forward of the PyTorch model (float32, CPU)")
+    f.add_argument("--model", default=str(DEFAULT_OUT))
+    f.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    f.add_argument("--repeats", type=int, default=200)
     args = ap.parse_args(argv)
     if args.cmd == "merge":
         print(merge(Path(args.dir)))
+        return 0
+    if args.cmd == "forward-time":
+        for n in args.threads:
+            print(json.dumps(forward_time(Path(args.model), n, args.repeats)))
         return 0
     corpus = Path(args.corpus)
     if not corpus.is_file():
