@@ -100,6 +100,11 @@ for k in (1, 2, 3):
     for pp in (1, 2, 4):
         if k == 2 or pp in (1, 2):
             CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, f"mtp:{k}"))
+# mimo-py-18m (kit/pymimo.py): the larger trained MiMo, same vLLM classes as tiny-mimo, PP 1/2/4 x MTP k 1..3.
+# Not in the CI subset: it exercises no code path that tiny-mimo's fast cells do not, at several times the cost.
+for k in (1, 2, 3):
+    for pp in (1, 2, 4):
+        CELLS.append(Cell("mimo-py-18m", False, pp, f"mtp:{k}"))
 
 
 _REFS: dict[tuple, GenerationResult] = {}

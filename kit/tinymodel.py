@@ -487,7 +487,7 @@ class TinyMiMo(nn.Module):
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Last-layer hidden state BEFORE the final norm (what vLLM hands the MTP drafter)."""
         if positions is None:
-            positions = torch.arange(input_ids.shape[-1])
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device)
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, positions)
@@ -540,7 +540,7 @@ def compute_losses(model: TinyMiMo, batch: torch.Tensor, chain: bool = True,
     (detached) distribution for the same token (trunk logits one / two positions later): the
     drafter is scored on agreeing with the trunk, which is what speculative acceptance measures."""
     T = batch.shape[1] - 3
-    pos = torch.arange(T)
+    pos = torch.arange(T, device=batch.device)
     inp = batch[:, :T]
     h = model.hidden(inp, pos)
     V = model.mc.vocab_size
@@ -614,15 +614,16 @@ def evaluate(model: TinyMiMo, stream: TokenStream, tc: TrainConfig) -> dict:
     """Validation losses, and how often the MTP argmax equals the trunk's argmax one step later
     (teacher-forced proxy for the k=1 acceptance rate)."""
     model.eval()
+    dev = next(model.parameters()).device
     g = torch.Generator().manual_seed(tc.seed + 12345)
     tot: dict[str, float] = {}
     agree = n = 0
     for _ in range(tc.eval_batches):
-        b = stream.batch(g, tc.batch_size, tc.seq_len + 3, 0.0)
+        b = stream.batch(g, tc.batch_size, tc.seq_len + 3, 0.0).to(dev)
         for k, v in compute_losses(model, b, distill=True).items():
             tot[k] = tot.get(k, 0.0) + float(v)
         T = tc.seq_len
-        pos = torch.arange(T)
+        pos = torch.arange(T, device=dev)
         h = model.hidden(b[:, :T], pos)
         trunk_next = model.logits(h).argmax(-1)  # prediction of x[t+1]
         m = model.mtp_logits(model.mtp_hidden(h, b[:, 1:T + 1], pos)).argmax(-1)  # of x[t+2]
@@ -647,14 +648,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def train_steps(model: nn.Module, stream: "TokenStream", tc: TrainConfig, log=print) -> tuple[list, dict, dict]:
+def train_steps(model: nn.Module, stream: "TokenStream", tc: TrainConfig, log=print,
+                autocast_dtype: torch.dtype | None = None) -> tuple[list, dict, dict]:
     """The optimisation loop both tiny models train with (tiny-mimo here, tiny-deepseek-v3 in kit.tinydeepseek).
 
     AdamW (weight decay on 2-D tensors only), :func:`lr_at`'s schedule, the joint loss of
     :func:`compute_losses` (trunk + MTP + chain, + distillation when configured), gradient clipping; batches
     from ``stream`` with a generator seeded from ``tc.seed``. Returns the logged history, the last step's
     losses and their exponential moving average. The order of every random draw and update is fixed, so a
-    given config trains bitwise-identical weights.
+    given config trains bitwise-identical weights (on CPU; see kit.pymimo for GPU runs). Batches go to the
+    model's device; ``autocast_dtype`` (e.g. bfloat16 on a GPU) runs the losses under ``torch.autocast``.
     """
     decay = [p for n, p in model.named_parameters() if p.ndim == 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim != 2]
@@ -663,6 +666,9 @@ def train_steps(model: nn.Module, stream: "TokenStream", tc: TrainConfig, log=pr
         lr=tc.lr, betas=(0.9, 0.95), eps=1e-8, fused=True,
     )
     g = torch.Generator().manual_seed(tc.seed)
+    dev = next(model.parameters()).device
+    amp = (torch.autocast(dev.type, dtype=autocast_dtype) if autocast_dtype is not None
+           else contextlib.nullcontext())
     width = tc.seq_len + 3
     history = []
     model.train()
@@ -672,8 +678,9 @@ def train_steps(model: nn.Module, stream: "TokenStream", tc: TrainConfig, log=pr
         lr = lr_at(step, tc)
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = stream.batch(g, tc.batch_size, width, tc.doc_start_fraction)
-        losses = compute_losses(model, batch, chain=tc.chain_weight > 0, distill=tc.distill_weight > 0)
+        batch = stream.batch(g, tc.batch_size, width, tc.doc_start_fraction).to(dev)
+        with amp:
+            losses = compute_losses(model, batch, chain=tc.chain_weight > 0, distill=tc.distill_weight > 0)
         loss = losses["trunk"] + tc.mtp_weight * losses["mtp"] + tc.chain_weight * losses.get("chain", 0.0)
         if tc.distill_weight > 0:
             loss = loss + tc.distill_weight * (tc.mtp_weight * losses["mtp_distill"]
