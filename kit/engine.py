@@ -134,10 +134,10 @@ class LocalEngine:
 def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: bool = False) -> None:
     """Refuse, before any process starts, what vLLM with the selected patches would refuse at start-up.
 
-    Today: the decode-side PP + speculation rule (``kit.patches.decode_side_rule``) under the
+    Today: the decode-side PP + speculation rule (``kit.patches.decode_side_pp_spec_rule``) under the
     ``KIT_PATCHES`` value the vLLM processes will see. Raises :class:`TopologyError`.
     """
-    from .patches.decode_side_rule import check_before_start
+    from .patches.decode_side_pp_spec_rule import check_before_start
 
     env = env or {}
     if topology.pd_role == "consumer" and not in_pair:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kit import patches
-from kit.patches.pp_spec_history import fill_history
+from kit.patches.pp_spec_token_history import fill_history
 
 
 def test_selection(monkeypatch):
@@ -36,7 +36,7 @@ def test_every_patch_is_documented():
 
 def test_decode_side_rule(monkeypatch):
     """Decode-side PP + spec is refused only when a correctness patch is off."""
-    from kit.patches.decode_side_rule import check
+    from kit.patches.decode_side_pp_spec_rule import check
 
     monkeypatch.setenv("KIT_PATCHES", "all")
     check(2, True, None)  # allowed: the fix is active
