@@ -21,6 +21,7 @@ from typing import Any
 
 from .metrics import SpecCounters
 from .models import cache_dir
+from .patches import ENV_LOG
 from .procs import ManagedProcess, ProcessFailed, python_cmd, root_cause
 from .topology import Topology, TopologyError
 
@@ -168,6 +169,7 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
     req.write_text(json.dumps({"topology": _topology_kwargs(topology), "jobs": jobs}))
     proc_env = dict(topology.env())
     proc_env.update(env or {})
+    proc_env.setdefault(ENV_LOG, str(work / "patches.jsonl"))  # each vLLM process records its patches there
     proc = ManagedProcess(python_cmd("kit.runner", str(req), str(out)), env=proc_env, log_path=log_path,
                           name=f"vLLM engine [{topology.label()}]")
     deadline = time.monotonic() + timeout
@@ -195,11 +197,23 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
         proc.terminate()
     result["log"] = str(log_path)
     result["peak_rss"] = dict(proc.peak_rss)
+    _check_patch_log(topology, proc_env[ENV_LOG])
     if not result.get("ok"):
         cause = root_cause(log_path)
         raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
                           f"{log_path}:\n    " + "\n    ".join(cause))
     return result
+
+
+def _check_patch_log(topology: Topology, path: str) -> None:
+    """A patch that failed in a vLLM process is logged there and kept running (kit.patches); a run whose
+    tokens may be wrong because of it fails here, naming the patch, the process and the error."""
+    from .patches import failures_in_log
+
+    failed = failures_in_log(path)
+    if failed:
+        raise EngineError(f"vLLM engine [{topology.label()}]: ppmtp-kit patches failed ({path}):\n  "
+                          + "\n  ".join(failed))
 
 
 def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
@@ -258,6 +272,9 @@ class Server:
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
         env = dict(self.topology.env())
         env.update(self.env)
+        if ENV_LOG not in env:  # each vLLM process records its patches there (a fresh file per start)
+            env[ENV_LOG] = str(self.log_path.with_suffix(".patches.jsonl"))
+            Path(env[ENV_LOG]).unlink(missing_ok=True)
         if not self.in_pair:  # a PDPair checks both of its topologies before starting either server
             precheck(self.topology, env)
         if not port_is_free(self.port):
@@ -272,12 +289,19 @@ class Server:
             while True:
                 if not self.proc.alive():
                     raise self.proc.fail(f"exited with code {self.proc.popen.returncode} during start-up")
+                healthy = False
                 try:
                     with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                        if r.status == 200:
-                            return self
+                        healthy = r.status == 200
                 except Exception:
                     pass
+                if healthy:
+                    try:
+                        _check_patch_log(self.topology, env[ENV_LOG])
+                    except EngineError:
+                        self.stop()
+                        raise
+                    return self
                 dead = self.proc.check_children()
                 if dead:
                     raise self.proc.fail(f"a vLLM process died during start-up: {dead}")

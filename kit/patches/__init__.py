@@ -41,6 +41,7 @@ log = logging.getLogger("kit.patches")
 SUPPORTED_VLLM = ("0.32.0",)
 ENV_SELECT = "KIT_PATCHES"
 ENV_LOG = "KIT_PATCH_LOG"  # when set: one JSON line per vLLM process that loaded the plugin
+ENV_EVERYWHERE = "KIT_PATCH_EVERY_PROCESS"  # "1": no process filter (every patch in every process)
 MARK = "__kit_patch__"     # set on every replacement :func:`install` makes: the patch's name
 
 # The registry: every patch, in application order. Module kit/patches/<name>.py defines PATCH named <name>.
@@ -295,6 +296,8 @@ def process_kinds(caller: tuple[str, str, dict] | None = None) -> tuple[frozense
     processes it holds in-process (a uni-process executor's worker; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
     and of those it forks. Any other caller (``kit doctor``, tests, an unknown vLLM path): every kind.
     """
+    if os.environ.get(ENV_EVERYWHERE, "") not in ("", "0"):
+        return ALL_PROCS, f"{ENV_EVERYWHERE} is set: all process kinds"
     if caller is None:
         return ALL_PROCS, "not called by vLLM's plugin loader: all process kinds"
     module, qualname, local = caller
