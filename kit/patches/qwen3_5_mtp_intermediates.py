@@ -29,7 +29,8 @@ def _needed() -> "bool | str":
 PATCH = Patch(
     name=NAME,
     summary="Qwen3.5 MTP forward never consumes PP intermediates (report only: fixed upstream)",
-    why="The Qwen3.5 MTP forward read PP intermediates on non-first ranks. Detected from qwen3_5_mtp's forward.",
+    why=("The Qwen3.5 MTP forward read PP intermediates on non-first ranks. Detected from qwen3_5_mtp's forward. "
+         "No test here: Qwen3.5 needs torchvision, which the CPU install does not have."),
     upstream="vLLM #46003 (seed PR)",
     target="vLLM < 0.32 (fixed in 0.32.0)",
     symbols=(),
