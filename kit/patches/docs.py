@@ -62,6 +62,14 @@ line in its log and keeps serving.
 The JSON line (one per process that loaded the plugin) carries `pid`, `ppid`, `title`, `mp_name`, `caller`
 (the process kind and why), `processes`, `applied`, `errors` and `seconds` (the plugin's own load time).
 
+## What it costs
+
+Per step: `kit bench --patch-overhead` times every per-step wrapper on the PP=1 no-spec path (the patches with
+kind `per-step` and a step probe). At start-up: `python -m kit.patch_overhead startup --raw FILE --out
+docs/results/patch-startup.md` starts fresh engines alternately with the patches in every process and only
+where their code runs, and writes engine start time and each process's plugin time (`seconds` above) with
+date, machine, versions and command.
+
 ## Adding a patch
 
 1. Write `kit/patches/<name>.py`: a docstring saying what breaks without it, the fix, upstream, target,
