@@ -42,6 +42,20 @@ def test_every_patch_is_documented():
         assert "findings note" not in doc and "findings note" not in p.upstream, p.name
 
 
+def test_findings_anchors_exist():
+    """Each patch cites the investigation behind it as a heading (anchor) of docs/findings.md."""
+    import re
+    from pathlib import Path
+
+    findings = Path(patches.__file__).resolve().parents[2] / "docs" / "findings.md"
+    if not findings.exists():
+        pytest.skip("docs/findings.md is not in this checkout")
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+             for h in re.findall(r"^#+ (.+)$", findings.read_text(), flags=re.M)}
+    for p in patches.registry().values():
+        assert p.findings in slugs, (p.name, p.findings)
+
+
 def test_module_name_is_patch_name_and_every_module_is_in_the_index():
     """The registry (INDEX) is the one list: each kit/patches/<name>.py defines PATCH named <name> and is in it."""
     from pathlib import Path

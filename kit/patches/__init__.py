@@ -131,6 +131,7 @@ class Patch:
     tests: tuple[str, ...]        # pytest ids showing the defect (off) and the fix (on)
     apply: Callable[[], None]
     needed: Callable[[], "bool | str"]
+    findings: str = ""            # anchor in docs/findings.md with the investigation behind it
     teaching_only: bool = False   # off by default: reproduces old behaviour for teaching
     # Nothing to apply (the fix is upstream); not evaluated at plugin load, where its detection would cost
     # every process start-up time (draft_pp_gate: ~1.3 s), only by `kit doctor`.

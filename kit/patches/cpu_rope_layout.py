@@ -96,6 +96,7 @@ PATCH = Patch(
            "tests/test_patches.py::test_cpu_rope_rotates_every_head_of_mla_shaped_tensors[patch-on]",
            "tests/test_correctness.py::test_mla_rope_on_cpu_decides_deepseek_pp2[patch-off] (slow)",
            "tests/test_correctness.py::test_mla_rope_on_cpu_decides_deepseek_pp2[patch-on] (slow)"),
+    findings="the-mla-rope-kernel-on-cpu",
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

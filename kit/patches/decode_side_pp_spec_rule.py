@@ -105,6 +105,7 @@ PATCH = Patch(
     tests=("tests/test_correctness.py::test_decode_side_rule_refuses_without_the_fix (off: refused)",
            "tests/test_patches.py::test_decode_side_rule (on: allowed with the fix)",
            "tests/test_patches.py::test_decode_side_rule_is_checked_before_any_process_starts"),
+    findings="seed-items-vllm-032-already-fixes",
     apply=_apply,
     needed=_needed,
 )

@@ -126,6 +126,8 @@ def render() -> str:
             f"{p.summary}.", "",
             f"- **Why**: {p.why}",
             f"- **Upstream**: {p.upstream}",
+            f"- **Findings**: [docs/findings.md#{p.findings}](findings.md#{p.findings})" if p.findings
+            else "- **Findings**: none",
             f"- **Target**: {p.target}",
             f"- **vLLM symbols patched**:\n{symbols}",
             f"- **Processes**: {_procs(p)}",

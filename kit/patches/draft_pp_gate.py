@@ -43,6 +43,7 @@ PATCH = Patch(
     kind=Kind.START_UP,
     removal="with support for vLLM versions without the fix",
     tests=("tests/test_cli.py::test_doctor_reports_versions_and_patches (status 'upstream')",),
+    findings="seed-items-vllm-032-already-fixes",
     apply=nothing_to_apply,
     needed=_needed,
     report_only=True,

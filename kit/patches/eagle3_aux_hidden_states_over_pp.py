@@ -108,6 +108,7 @@ PATCH = Patch(
     removal="when the V1 runner relays aux hidden states (or CPU uses the V2 runner)",
     tests=("tests/test_correctness.py::test_without_aux_relay_eagle3_pp2_fails_to_start (off)",
            "tests/test_correctness.py::test_slow_cells (on: the tiny-llama-swa eagle3 PP=2/4 cells, slow)"),
+    findings="eagle3-aux-hidden-states-under-pp",
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

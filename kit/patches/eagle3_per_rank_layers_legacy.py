@@ -53,6 +53,7 @@ PATCH = Patch(
     kind=Kind.START_UP,
     removal="with the notebook that uses it",
     tests=("tests/test_notebooks.py::test_layer_types_notebook_fails_when_its_claim_breaks",),
+    findings="seed-items-vllm-032-already-fixes",
     apply=_apply,
     needed=lambda: True,
     teaching_only=True,

@@ -38,6 +38,7 @@ PATCH = Patch(
     removal="with support for vLLM versions without the fix",
     tests=("tests/test_notebooks.py::test_layer_types_notebook_fails_when_its_claim_breaks "
            "(the teaching patch eagle3_per_rank_layers_legacy reinstates the defect)",),
+    findings="seed-items-vllm-032-already-fixes",
     apply=nothing_to_apply,
     needed=_needed,
     report_only=True,

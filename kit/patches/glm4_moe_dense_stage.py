@@ -67,6 +67,7 @@ PATCH = Patch(
            "tests/test_patches.py::test_glm4_moe_stage_without_moe_layers[patch-on]",
            "tests/test_correctness.py::test_glm4_moe_pp4_stage_of_dense_layers_starts[patch-off] (slow)",
            "tests/test_correctness.py::test_glm4_moe_pp4_stage_of_dense_layers_starts[patch-on] (slow)"),
+    findings="glm-4-moe-stages-without-moe-layers",
     apply=_apply,
     needed=_needed,
 )

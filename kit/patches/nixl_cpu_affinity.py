@@ -72,6 +72,7 @@ PATCH = Patch(
     removal="when the connector binds a thread of its own instead",
     tests=("tests/test_pd.py::test_pd_workers_keep_their_cores[patch-off] (pd)",
            "tests/test_pd.py::test_pd_workers_keep_their_cores[patch-on] (pd)"),
+    findings="nixl-pins-workers-to-one-core",
     apply=_apply,
     needed=_needed,
 )

@@ -98,6 +98,7 @@ PATCH = Patch(
     removal="when NIXL's PP slicing counts draft layers (or routes non-HMA layers by name)",
     tests=("tests/test_pd.py::test_pp2_mtp_producer_registers_its_mtp_region[patch-off] (pd)",
            "tests/test_pd.py::test_pp2_mtp_producer_registers_its_mtp_region[patch-on] (pd)"),
+    findings="nixl-with-pp-producers-and-consumers",
     apply=_apply,
     needed=_needed,
 )

@@ -6,7 +6,7 @@ NIXL connectors use) hard-codes ``pthrDelay = 0``. The UCX backend's shared prog
 in 4 s of wall time, agent alone in a process). Every PD server's worker has an agent, so a PP=2
 producer plus a PP=1 consumer spin three threads on a 2-core machine next to the engines' own threads;
 the push connector's side-channel handshake (fixed 5 s zmq deadline) then missed its deadline and
-requests stalled (``docs/findings.md``, PD section).
+requests stalled (``docs/findings.md#nixl-progress-threads-busy-poll``).
 Fix: create every agent with ``pthrDelay`` = 1000 us. NIXL rounds it up to whole milliseconds and uses it
 as the ``poll()`` timeout, so the thread still wakes on UCX events at once and at least every 1 ms
 otherwise (NIXL's own source comments that the periodic wake-up is a workaround for fds that poll misses).
@@ -130,6 +130,7 @@ PATCH = Patch(
     removal="when nixl's Python API exposes the delay and vLLM sets it, or the default stops spinning",
     tests=("tests/test_patches.py::test_nixl_progress_delay_stops_the_idle_agent_spinning[patch-off]",
            "tests/test_patches.py::test_nixl_progress_delay_stops_the_idle_agent_spinning[patch-on]"),
+    findings="nixl-progress-threads-busy-poll",
     apply=_apply,
     needed=_needed,
 )

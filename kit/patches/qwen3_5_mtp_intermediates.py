@@ -39,6 +39,7 @@ PATCH = Patch(
     kind=Kind.START_UP,
     removal="with support for vLLM versions without the fix",
     tests=(),  # Qwen3.5 needs torchvision, not installed on the CPU machines
+    findings="seed-items-vllm-032-already-fixes",
     apply=nothing_to_apply,
     needed=_needed,
     report_only=True,
