@@ -93,7 +93,7 @@ def startup_run(topology, filtered: bool) -> dict:
         env = {ENV_LOG: log, ENV_EVERYWHERE: "0" if filtered else "1"}
         r = generate(topology, ["def add(a, b):\n    return"], max_tokens=4, env=env)
         procs = [json.loads(line) for line in open(log)]
-    return {"filtered": filtered, "start_s": r.topology["start_seconds"], "tokens": r.token_ids,
+    return {"filtered": filtered, "time": time.time(), "start_s": r.topology["start_seconds"], "tokens": r.token_ids,
             "plugin_s": {_kind(p): p["seconds"] for p in procs}}
 
 
@@ -119,9 +119,10 @@ def startup_table(runs: list[dict], command: str) -> str:
         return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]" if xs else "-"
 
     kinds = sorted({k for r in runs for k in r["plugin_s"]}, key=lambda k: (k != "front end", k != "engine core", k))
-    lines = [f"# Patch plugin start-up cost — {time.strftime('%Y-%m-%d')} — {machine()}",
-             f"# vLLM {vllm.__version__}, torch {torch.__version__}, {platform.platform()}",
-             f"# command: {command}", "",
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(max([r.get("time", 0) for r in runs], default=0) or None))
+    lines = ["## Patch plugin start-up cost", "",
+             f"Measured {when} UTC on {machine()}; vLLM {vllm.__version__}, torch {torch.__version__}, "
+             f"{platform.system()}.  ", f"Command: `{command}`", "",
              "| patches applied | engines | engine start s | " + " | ".join(f"plugin s, {k}" for k in kinds) + " |",
              "|---" * (3 + len(kinds)) + "|"]
     for filtered, label in ((False, "in every process (KIT_PATCH_EVERY_PROCESS=1)"),
@@ -159,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(a.raw, "a") as f:
                 f.write(json.dumps(rec) + "\n")
     runs = [json.loads(x) for x in open(a.raw)] if os.path.exists(a.raw) else []
-    cmd = f"python -m kit.patch_overhead startup --model {a.model} --pp {a.pp} --spec {a.spec} --raw FILE"
-    table = startup_table(runs, cmd + f"  (x{len(runs) // 2} runs)")
+    cmd = (f"python -m kit.patch_overhead startup --model {a.model} --pp {a.pp} --spec {a.spec} --runs 1 "
+           f"--raw FILE, {len(runs) // 2} times")
+    table = startup_table(runs, cmd)
     print(table)
     if a.out:
         with open(a.out, "w") as f:
