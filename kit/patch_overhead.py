@@ -153,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.runs < 0:
         ap.error("--runs must be >= 0")
-    topo = Topology(model=a.model, pp=a.pp, spec=a.spec)
+    try:
+        topo = Topology(model=a.model, pp=a.pp, spec=a.spec)
+    except ValueError as e:  # TopologyError: bad input, before any process starts
+        ap.error(str(e))
     for _ in range(a.runs):
         for filtered in (False, True):
             rec = startup_run(topo, filtered)
