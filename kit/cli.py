@@ -46,17 +46,19 @@ def cmd_doctor(args) -> int:
     except Exception as e:
         info["vllm"] = f"not importable: {type(e).__name__}: {e}"
     info["device"] = "cuda" if info.get("cuda_available") else "cpu"
-    from .patches import ENV_SELECT, SUPPORTED_VLLM, UnsupportedVllmError, apply_selected, report
+    from .patches import ENV_SELECT, SUPPORTED_VLLM, UnsupportedVllmError, apply_selected, errors, report
 
     info["patch_selection"] = os.environ.get(ENV_SELECT, "all")
     info["supported_vllm"] = list(SUPPORTED_VLLM)
     try:
-        apply_selected()  # in this process, to report what applies here
+        apply_selected()  # in this process, for every process kind, to report what applies here
     except (UnsupportedVllmError, ValueError) as e:
         info["patch_error"] = str(e)
-    except Exception as e:
+    except Exception as e:  # apply_selected records patch failures itself; anything else is reported here
         info["patch_error"] = f"{type(e).__name__}: {e}"
     info["patches"] = report()
+    info["patch_failures"] = errors()
+    info["patch_docs"] = "docs/patches.md (python -m kit.patches.docs)"
     try:
         from importlib.metadata import entry_points
 
@@ -70,10 +72,12 @@ def cmd_doctor(args) -> int:
     for k, v in info.items():
         if k != "patches":
             print(f"{k:22s} {v}")
-    print("\npatches (name, where, status; upstream thread):")
+    print("\npatches (name, processes, kind, status; upstream thread):")
     for p in info["patches"]:
-        print(f"  {p['name']:32s} {p['where']:24s} {p['status']}\n  {'':32s} {p['upstream']}")
-    return 0
+        procs = ",".join(p.get("processes", [])) or "?"
+        print(f"  {p['name']:32s} {procs:20s} {p.get('kind', '?'):9s} {p['status']}\n"
+              f"  {'':32s} {p.get('upstream', '')}")
+    return 1 if info["patch_failures"] else 0
 
 
 def _delegate(args: argparse.Namespace, rest: list[str]) -> int:

@@ -17,10 +17,10 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .metrics import SpecCounters
 from .models import cache_dir
+from .patches import ENV_LOG
 from .procs import ManagedProcess, ProcessFailed, python_cmd, root_cause
 from .progress import Status, generation_bar
 from .topology import Topology, TopologyError
@@ -140,10 +140,10 @@ class LocalEngine:
 def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: bool = False) -> None:
     """Refuse, before any process starts, what vLLM with the selected patches would refuse at start-up.
 
-    Today: the decode-side PP + speculation rule (``kit.patches.decode_side_rule``) under the
+    Today: the decode-side PP + speculation rule (``kit.patches.decode_side_pp_spec_rule``) under the
     ``KIT_PATCHES`` value the vLLM processes will see. Raises :class:`TopologyError`.
     """
-    from .patches.decode_side_rule import check_before_start
+    from .patches.decode_side_pp_spec_rule import check_before_start
 
     env = env or {}
     if topology.pd_role == "consumer" and not in_pair:
@@ -177,6 +177,7 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
     req.write_text(json.dumps({"topology": _topology_kwargs(topology), "jobs": jobs}))
     proc_env = dict(topology.env())
     proc_env.update(env or {})
+    proc_env.setdefault(ENV_LOG, str(work / "patches.jsonl"))  # each vLLM process records its patches there
     proc = ManagedProcess(python_cmd("kit.runner", str(req), str(out)), env=proc_env, log_path=log_path,
                           name=f"vLLM engine [{topology.label()}]")
     status = Status(proc.name, log_path, quiet=quiet)
@@ -209,11 +210,23 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
         proc.terminate()
     result["log"] = str(log_path)
     result["peak_rss"] = dict(proc.peak_rss)
+    _check_patch_log(topology, proc_env[ENV_LOG])
     if not result.get("ok"):
         cause = root_cause(log_path)
         raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
                           f"{log_path}:\n    " + "\n    ".join(cause))
     return result
+
+
+def _check_patch_log(topology: Topology, path: str) -> None:
+    """A patch that failed in a vLLM process is logged there and kept running (kit.patches); a run whose
+    tokens may be wrong because of it fails here, naming the patch, the process and the error."""
+    from .patches import failures_in_log
+
+    failed = failures_in_log(path)
+    if failed:
+        raise EngineError(f"vLLM engine [{topology.label()}]: ppmtp-kit patches failed ({path}):\n  "
+                          + "\n  ".join(failed))
 
 
 def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
@@ -276,6 +289,9 @@ class Server:
         """Start and wait for ``/health``; one status line shows the phase meanwhile (:mod:`kit.progress`)."""
         env = dict(self.topology.env())
         env.update(self.env)
+        if ENV_LOG not in env:  # each vLLM process records its patches there (a fresh file per start)
+            env[ENV_LOG] = str(self.log_path.with_suffix(".patches.jsonl"))
+            Path(env[ENV_LOG]).unlink(missing_ok=True)
         if not self.in_pair:  # a PDPair checks both of its topologies before starting either server
             precheck(self.topology, env)
         if not port_is_free(self.port):
@@ -292,14 +308,22 @@ class Server:
                 status.poll()
                 if not self.proc.alive():
                     raise self.proc.fail(f"exited with code {self.proc.popen.returncode} during start-up")
+                healthy = False
                 try:
                     with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                        if r.status == 200:
-                            status.ready()
-                            status.close(f"serving on {self.url}")
-                            return self
+                        healthy = r.status == 200
                 except Exception:
                     pass
+                if healthy:
+                    try:
+                        _check_patch_log(self.topology, env[ENV_LOG])
+                    except EngineError:
+                        status.close(failed=True)
+                        self.stop()
+                        raise
+                    status.ready()
+                    status.close(f"serving on {self.url}")
+                    return self
                 dead = self.proc.check_children()
                 if dead:
                     raise self.proc.fail(f"a vLLM process died during start-up: {dead}")

@@ -21,11 +21,22 @@ def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
     r = engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCH_LOG": str(log)})
     assert all(len(x) == 4 for x in r.token_ids)
     recs = [json.loads(l) for l in log.read_text().splitlines()]
-    # The runner (front end), the engine core and both PP workers: four processes loaded the plugin,
-    # and each applied the correctness patches.
+    # The runner (front end), the engine core and both PP workers loaded the plugin, without a failure, and
+    # each applied the patches for the code it runs: the config rule in the front end, the scheduler gate in
+    # the engine core, the runner fixes in the workers.
     assert len({r["pid"] for r in recs}) >= 4, recs
+    by_kind = {}
     for rec in recs:
-        assert "drafter_only_on_last_rank" in rec["applied"] and "pp_spec_schedule_gate" in rec["applied"], rec
+        assert rec["errors"] == {}, rec
+        by_kind.setdefault(tuple(rec["processes"]), []).append(rec)
+    assert sorted(by_kind) == [("engine_core",), ("front_end",), ("worker",)], by_kind
+    assert len(by_kind[("worker",)]) == 2
+    (front,), (core,) = by_kind[("front_end",)], by_kind[("engine_core",)]
+    assert front["applied"] == ["decode_side_pp_spec_rule"], front
+    assert core["applied"] == ["pp_spec_schedule_gate"], core
+    for rec in by_kind[("worker",)]:
+        assert {"drafter_only_on_last_rank", "pp_spec_token_history"} <= set(rec["applied"]), rec
+        assert "pp_spec_schedule_gate" not in rec["applied"] and "decode_side_pp_spec_rule" not in rec["applied"]
 
 
 def test_engine_failure_surfaces_with_root_cause_fast(no_leftovers):

@@ -1,11 +1,13 @@
 """Patch registry selection and the pure helpers of the correctness patches (small fakes allowed)."""
+import json
+import os
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from kit import patches
-from kit.patches.pp_spec_history import fill_history
+from kit.patches.pp_spec_token_history import fill_history
 
 
 def test_selection(monkeypatch):
@@ -26,17 +28,229 @@ def test_selection(monkeypatch):
 
 def test_every_patch_is_documented():
     for p in patches.registry().values():
-        mod = __import__(p.apply.__module__, fromlist=["x"])
+        mod = __import__(f"kit.patches.{p.name}", fromlist=["x"])
         doc = mod.__doc__ or ""
-        assert p.upstream and p.targets and p.summary
-        if not p.teaching_only and not p.name.startswith(("draft_pp", "eagle3_total", "qwen3_5")):
+        for f in ("summary", "why", "upstream", "target", "removal"):
+            assert getattr(p, f).strip(), (p.name, f)
+        assert p.processes and p.processes <= patches.ALL_PROCS, p.name
+        assert isinstance(p.runner, patches.Runner) and isinstance(p.kind, patches.Kind), p.name
+        assert all(":" in s for s in p.symbols), (p.name, p.symbols)
+        assert all(t.startswith("tests/test_") and "::" in t for t in p.tests), (p.name, p.tests)
+        if not p.teaching_only and not p.report_only:
             for word in ("What breaks without it", "Upstream", "Turn off"):
                 assert word in doc, (p.name, word)
+        assert "findings note" not in doc and "findings note" not in p.upstream, p.name
+
+
+def test_findings_anchors_exist():
+    """Each patch cites the investigation behind it as a heading (anchor) of docs/findings.md."""
+    import re
+    from pathlib import Path
+
+    findings = Path(patches.__file__).resolve().parents[2] / "docs" / "findings.md"
+    if not findings.exists():
+        pytest.skip("docs/findings.md is not in this checkout")
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+             for h in re.findall(r"^#+ (.+)$", findings.read_text(), flags=re.M)}
+    for p in patches.registry().values():
+        assert p.findings in slugs, (p.name, p.findings)
+
+
+def test_module_name_is_patch_name_and_every_module_is_in_the_index():
+    """The registry (INDEX) is the one list: each kit/patches/<name>.py defines PATCH named <name> and is in it."""
+    from pathlib import Path
+
+    pkg = Path(patches.__file__).parent
+    modules = {f.stem for f in pkg.glob("*.py")} - {"__init__", "docs"}
+    assert modules == set(patches.INDEX), modules ^ set(patches.INDEX)
+    assert len(patches.INDEX) == len(set(patches.INDEX))
+    reg = patches.registry()
+    assert list(reg) == list(patches.INDEX)
+    assert all(p.name == n for n, p in reg.items())
+    assert patches.errors() == {}
+
+
+def test_applied_patches_mark_exactly_the_symbols_they_declare():
+    """After applying, every declared vLLM symbol carries its patch's mark, and applying again stacks nothing."""
+    import importlib
+
+    applied = patches.apply_selected()
+    assert {"pp_spec_schedule_gate", "pp_spec_token_history", "drafter_only_on_last_rank"} <= set(applied)
+    for name in applied:
+        for sym in patches.registry()[name].symbols:
+            mod, qual = sym.split(":")
+            try:
+                obj = importlib.import_module(mod)
+            except ImportError:
+                continue  # e.g. nixl._api where nixl is not installed
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+            assert name in patches._marks(obj), (name, sym)
+    before = patches.registry()["pp_spec_schedule_gate"]
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    wrapper = Scheduler.schedule
+    before.apply()  # a second application (a reload, a second copy of the kit) must not wrap again
+    assert Scheduler.schedule is wrapper and patches._marks(wrapper).count("pp_spec_schedule_gate") == 1
+
+
+def test_docs_patches_md_is_generated_from_the_registry():
+    from kit.patches import docs
+
+    want = docs.render()
+    have = docs.DOC_PATH.read_text() if docs.DOC_PATH.exists() else ""
+    assert have == want, f"docs/patches.md is out of date with kit/patches/: run `{docs.REGENERATE}`"
+    for name in patches.INDEX:
+        assert f"### {name}" in want
+
+
+# -- failures never kill a process; process filter ------------------------------------------------------
+
+@pytest.fixture
+def isolated(monkeypatch):
+    """A private registry state, so fake patches and recorded failures do not leak into other tests."""
+    monkeypatch.setattr(patches, "STATE", patches._State())
+    monkeypatch.setattr(patches, "_PATCHES", dict(patches._PATCHES))
+    return monkeypatch
+
+
+def _fake(name, needed=lambda: True, apply=lambda: None, processes=(patches.Proc.WORKER,)):
+    return patches.Patch(name=name, summary="s", why="w", upstream="u", target="t", symbols=(),
+                         processes=set(processes), runner=patches.Runner.ANY, kind=patches.Kind.START_UP,
+                         removal="r", tests=(), apply=apply, needed=needed)
+
+
+def test_a_module_missing_from_disk_is_reported_not_raised(isolated, tmp_path):
+    isolated.setattr(patches, "INDEX", patches.INDEX + ("no_such_patch",))
+    isolated.setenv("KIT_PATCHES", "no_such_patch")
+    isolated.setenv("KIT_PATCH_LOG", str(tmp_path / "log.jsonl"))
+    patches.load_plugin()   # what vLLM calls in every process: must not raise
+    assert "no_such_patch" not in patches.registry()
+    assert patches.errors()["no_such_patch"].startswith("import: ModuleNotFoundError")
+    assert "FAILED" in next(r for r in patches.report() if r["name"] == "no_such_patch")["status"]
+    fails = patches.failures_in_log(tmp_path / "log.jsonl")
+    assert len(fails) == 1 and "no_such_patch" in fails[0] and f"pid {os.getpid()}" in fails[0]
+
+
+def test_a_raising_needed_or_apply_is_reported_and_undone(isolated, tmp_path):
+    class Target:
+        def f(self):
+            return "orig"
+
+        def g(self):
+            return "orig"
+
+    def boom():
+        raise RuntimeError("detection exploded")
+
+    def half_apply():
+        patches.install(Target, "f", "half", lambda orig: lambda self: "patched")
+        raise RuntimeError("second symbol missing")
+
+    isolated.setattr(patches, "INDEX", patches.INDEX + ("bad_needed", "half", "good"))
+    isolated.setitem(patches._PATCHES, "bad_needed", _fake("bad_needed", needed=boom))
+    isolated.setitem(patches._PATCHES, "half", _fake("half", apply=half_apply))
+    isolated.setitem(patches._PATCHES, "good", _fake(
+        "good", apply=lambda: patches.install(Target, "g", "good", lambda orig: lambda self: "good")))
+    isolated.setenv("KIT_PATCHES", "bad_needed,half,good")
+    isolated.setenv("KIT_PATCH_LOG", str(tmp_path / "log.jsonl"))
+    patches.load_plugin()
+    errs = patches.errors()
+    assert errs["bad_needed"] == "needed(): RuntimeError: detection exploded"
+    assert errs["half"] == "apply(): RuntimeError: second symbol missing"
+    assert Target().f() == "orig" and patches.marked(Target.f) is None   # the half-applied patch is undone
+    assert Target().g() == "good" and patches.marked(Target.g) == "good"  # the others still apply
+    rec = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    assert rec["applied"] == ["good"] and set(rec["errors"]) == {"bad_needed", "half"}
+    assert len(patches.failures_in_log(tmp_path / "log.jsonl")) == 2
+
+
+def test_the_launcher_fails_a_run_whose_patches_failed(tmp_path):
+    from kit import engine
+    from kit.topology import Topology
+
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps({"pid": 7, "caller": "vllm.v1.worker.worker_base:WorkerWrapperBase.init_worker",
+                               "errors": {"pp_spec_token_history": "apply(): AttributeError: x"}}) + "\n")
+    with pytest.raises(engine.EngineError, match="patch pp_spec_token_history failed in pid 7"):
+        engine._check_patch_log(Topology(model="tiny-mimo", random_weights=True, pp=2), str(log))
+    log.write_text(json.dumps({"pid": 8, "errors": {}}) + "\n")
+    engine._check_patch_log(Topology(model="tiny-mimo", random_weights=True, pp=2), str(log))
+
+
+def test_an_unsupported_vllm_or_unknown_name_stays_a_clear_error(isolated):
+    isolated.setattr(patches, "SUPPORTED_VLLM", ("0.0.1",))
+    isolated.setenv("KIT_PATCHES", "all")
+    with pytest.raises(patches.UnsupportedVllmError, match="target vLLM 0.0.1"):
+        patches.load_plugin()
+    isolated.setenv("KIT_PATCHES", "all,-pp_spec_schedul_gate")
+    with pytest.raises(ValueError, match="unknown patch 'pp_spec_schedul_gate'"):
+        patches.load_plugin()
+
+
+def test_process_kind_from_the_plugin_loaders_caller(monkeypatch):
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    P = patches.Proc
+    kinds = lambda *c: patches.process_kinds(c)[0]  # noqa: E731
+    monkeypatch.delenv("KIT_PATCH_EVERY_PROCESS", raising=False)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert kinds("vllm.v1.worker.worker_base", "WorkerWrapperBase.init_worker", {}) == {P.WORKER}
+    core = ("vllm.v1.engine.core", "EngineCore.__init__")
+    assert kinds(*core, {"executor_class": MultiprocExecutor}) == {P.ENGINE_CORE}
+    assert kinds(*core, {"executor_class": UniProcExecutor}) == {P.ENGINE_CORE, P.WORKER}  # PP=1: worker inside
+    front = ("vllm.engine.arg_utils", "EngineArgs.__post_init__", {})
+    assert kinds(*front) == {P.FRONT_END}
+    assert kinds("somewhere.else", "f", {}) == patches.ALL_PROCS
+    assert patches.process_kinds(None)[0] == patches.ALL_PROCS   # kit doctor, tests, python -c
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")     # engine core inside the front end
+    assert kinds(*front) == patches.ALL_PROCS
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")  # children inherit this process's patches
+    assert kinds(*core, {"executor_class": MultiprocExecutor}) == {P.ENGINE_CORE, P.WORKER}
+    assert kinds(*front) == patches.ALL_PROCS
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("KIT_PATCH_EVERY_PROCESS", "1")
+    assert kinds("vllm.v1.worker.worker_base", "WorkerWrapperBase.init_worker", {}) == patches.ALL_PROCS
+
+
+def test_only_the_patches_for_this_process_are_applied(isolated):
+    applied = []
+    isolated.setattr(patches, "INDEX", patches.INDEX + ("in_worker", "in_core"))
+    isolated.setitem(patches._PATCHES, "in_worker", _fake("in_worker", apply=lambda: applied.append("w")))
+    isolated.setitem(patches._PATCHES, "in_core", _fake("in_core", apply=lambda: applied.append("c"),
+                                                        processes=(patches.Proc.ENGINE_CORE,)))
+    isolated.setenv("KIT_PATCHES", "in_worker,in_core")
+    assert patches.apply_selected(frozenset({patches.Proc.ENGINE_CORE})) == ["in_core"]
+    assert applied == ["c"] and patches.STATE.skipped["in_worker"].startswith("not for this process (worker)")
+
+
+def test_plugin_loaded_through_vllms_loader_in_a_worker_applies_worker_patches_only(tmp_path):
+    """vLLM's own load_general_plugins, called from a function standing where init_worker calls it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import vllm.plugins\n"
+        "g = {'__name__': 'vllm.v1.worker.worker_base', 'vllm': vllm}\n"
+        "exec('def init_worker():\\n    vllm.plugins.load_general_plugins()\\n', g)\n"
+        "g['init_worker']()\n"
+    )
+    log = tmp_path / "log.jsonl"
+    env = dict(os.environ, KIT_PATCH_LOG=str(log), VLLM_PLUGINS="ppmtp_kit_patches")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rec = json.loads(log.read_text().splitlines()[-1])
+    assert rec["processes"] == ["worker"] and rec["errors"] == {}, rec
+    assert "pp_spec_token_history" in rec["applied"] and "pp_spec_schedule_gate" not in rec["applied"]
+    assert "decode_side_pp_spec_rule" not in rec["applied"]
 
 
 def test_decode_side_rule(monkeypatch):
     """Decode-side PP + spec is refused only when a correctness patch is off."""
-    from kit.patches.decode_side_rule import check
+    from kit.patches.decode_side_pp_spec_rule import check
 
     monkeypatch.setenv("KIT_PATCHES", "all")
     check(2, True, None)  # allowed: the fix is active

@@ -1,135 +1,255 @@
 """The patch registry: small, documented fixes to vLLM for PP + speculative decoding.
 
-Every vLLM process (front end, engine core, each PP worker) loads the kit through the
-``vllm.general_plugins`` entry point (:func:`load_plugin`), so each patch is applied wherever
-the code it fixes runs. ``KIT_PATCHES`` selects: ``all`` (default), ``none``, a comma list of
-names, or ``all,-name`` to leave some out (the notebooks use that to show what breaks).
+vLLM calls :func:`load_plugin` (entry point ``vllm.general_plugins``) once in each of its processes: the
+front end, the engine core, each PP worker. Each patch is applied only in the processes that run the code it
+fixes (:class:`Proc`); ``KIT_PATCHES`` selects: ``all`` (default), ``none``, a comma list of names, or
+``all,-name`` to leave some out (the notebooks use that to show what breaks). ``docs/patches.md`` is
+generated from this registry (``python -m kit.patches.docs``); a test fails when it is out of date.
 
-A patch module defines one :class:`Patch`: what breaks without it, the upstream thread, the
-vLLM version it targets, how to tell whether the installed vLLM needs it, and ``apply()``.
+Adding a patch (one module file + one registry entry):
+
+1. ``kit/patches/<name>.py``: a docstring in the house form (what breaks without it, fix, upstream,
+   target, removal, turn off), ``_needed()`` (True: the installed vLLM has the defect; False: fixed
+   upstream; a string: why it does not apply here), ``_apply()`` replacing each vLLM symbol through
+   :func:`install` (it marks the replacement, so nothing is wrapped twice, and undoes a half-applied patch),
+   and ``PATCH = Patch(name="<name>", ...)`` with every field filled in.
+2. Add ``"<name>"`` to :data:`INDEX` below, where it belongs in application order.
+3. Tests off and on (name them in ``tests=``), then ``python -m kit.patches.docs`` to rewrite
+   ``docs/patches.md``.
+
+Failures never kill a vLLM process here: a patch whose module does not import, whose ``needed()`` or whose
+``apply()`` raises is logged (one warning line), recorded in this process (``kit doctor``) and in the
+``KIT_PATCH_LOG`` JSON line; the kit's engine launcher reads that line and fails the run (a correctness patch
+that silently failed would give wrong tokens). Two things stay hard errors, raised in every process: a vLLM
+version the patches were not written for, and a ``KIT_PATCHES`` name that does not exist (both are checked by
+the kit before it starts any process).
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from enum import Enum
+from typing import Any, Callable
 
 log = logging.getLogger("kit.patches")
 
 SUPPORTED_VLLM = ("0.32.0",)
 ENV_SELECT = "KIT_PATCHES"
-ENV_LOG = "KIT_PATCH_LOG"  # when set: a JSON line per process that loaded the plugin
+ENV_LOG = "KIT_PATCH_LOG"  # when set: one JSON line per vLLM process that loaded the plugin
+ENV_EVERYWHERE = "KIT_PATCH_EVERY_PROCESS"  # "1": no process filter (every patch in every process)
+MARK = "__kit_patch__"     # set on every replacement :func:`install` makes: the patch's name
+
+# The registry: every patch, in application order. Module kit/patches/<name>.py defines PATCH named <name>.
+INDEX: tuple[str, ...] = (
+    # start-up and model code, every worker
+    "cpu_amx_permission",
+    "cpu_rope_layout",
+    "cpu_rejection_expand",
+    "cpu_seeded_generator_rewind",
+    "qwen_vl_no_torchvision",
+    "pp_kv_layout_intersect",
+    "drafter_only_on_last_rank",
+    "eager_pp_intermediate_buffers",
+    # correctness of PP + speculation (V1 runner, sync scheduling)
+    "pp_spec_schedule_gate",
+    "pp_spec_token_history",
+    "eagle3_aux_hidden_states_over_pp",
+    "glm4_moe_dense_stage",
+    # PD disaggregation with NIXL
+    "nixl_cpu_affinity",
+    "nixl_pp_draft_regions",
+    "nixl_pp_consumer",
+    "nixl_progress_delay",
+    # the seed PR's rule, conditioned on the correctness patches
+    "decode_side_pp_spec_rule",
+    # report only: fixed in the vLLM the kit targets, detected and shown by `kit doctor`
+    "draft_pp_gate",
+    "eagle3_total_layers",
+    "qwen3_5_mtp_intermediates",
+    # teaching only: off unless named
+    "eagle3_per_rank_layers_legacy",
+)
 
 
 class UnsupportedVllmError(RuntimeError):
     """The installed vLLM is not a version the patches were written and tested against."""
 
 
-@dataclass
+class Proc(str, Enum):
+    """The kinds of vLLM process, by the code they run."""
+
+    FRONT_END = "front_end"      # builds the VllmConfig: `vllm serve`'s API server or the vllm.LLM process
+    ENGINE_CORE = "engine_core"  # the scheduler loop (EngineCore)
+    WORKER = "worker"            # one per PP/TP rank: model runner, model code, KV connector worker side
+
+
+ALL_PROCS = frozenset(Proc)
+
+
+class Runner(str, Enum):
+    """The model runner a patch's target code belongs to (vLLM 0.32: CPU uses V1; CUDA defaults to V2)."""
+
+    V1 = "v1"
+    V2 = "v2"
+    ANY = "any"
+
+
+class Kind(str, Enum):
+    """When the patched code runs: at start-up only, or on every engine step (``kit.patch_overhead`` times
+    the per-step ones)."""
+
+    START_UP = "start-up"
+    PER_STEP = "per-step"
+
+
+@dataclass(frozen=True)
+class StepProbe:
+    """How to call a per-step wrapper on the PP=1 / no-spec path, for :mod:`kit.patch_overhead`."""
+
+    owner: Any
+    attr: str
+    calls_per_step: int
+    args: tuple
+    kwargs: dict
+
+
+@dataclass(frozen=True)
 class Patch:
-    """One fix. ``needed()`` inspects the installed vLLM and returns ``True`` (the defect is there),
-    ``False`` (the fix is upstream), or a string saying why it does not apply here."""
+    """One fix, with everything ``docs/patches.md`` and ``kit doctor`` show about it."""
 
     name: str
-    summary: str
-    upstream: str
-    targets: str
+    summary: str                  # what breaks without it, one line
+    why: str                      # the root cause and the fix, a few sentences
+    upstream: str                 # the upstream thread(s), or why there is none
+    target: str                   # the vLLM version/distribution it was written and tested against
+    symbols: tuple[str, ...]      # the vLLM (or library) symbols it replaces, "module:qualname"
+    processes: frozenset          # of Proc: where the code it fixes runs (the only places it is applied)
+    runner: Runner                # model runner the fixed code belongs to
+    kind: Kind                    # start-up, or a wrapper on every step
+    removal: str                  # when to delete it
+    tests: tuple[str, ...]        # pytest ids showing the defect (off) and the fix (on)
     apply: Callable[[], None]
     needed: Callable[[], "bool | str"]
-    # Which vLLM process the patched code runs in (for documentation and `kit doctor`).
-    where: str = "worker"
-    # Patches off by default: used only to reproduce old behaviour for teaching.
-    teaching_only: bool = False
-    # Nothing to apply (the fix is upstream; the entry reports it): not evaluated at plugin load, where its
-    # detection would cost every vLLM process start-up time (draft_pp_gate: ~1.3 s), only by report/doctor.
+    findings: str = ""            # anchor in docs/findings.md with the investigation behind it
+    teaching_only: bool = False   # off by default: reproduces old behaviour for teaching
+    # Nothing to apply (the fix is upstream); not evaluated at plugin load, where its detection would cost
+    # every process start-up time (draft_pp_gate: ~1.3 s), only by `kit doctor`.
     report_only: bool = False
-    applied: bool = field(default=False, init=False)
+    # kind == PER_STEP: the wrapper's no-op path for kit.patch_overhead (None: not on the PP=1 no-spec path).
+    step_probe: "Callable[[int], StepProbe] | None" = None
 
-    def status(self, selected: bool) -> str:
-        try:
-            need = self.needed()
-        except Exception as e:  # detection must never break a process
-            need = f"detection failed: {e}"
-        if need is False:
-            return "upstream (installed vLLM has the fix)"
-        if isinstance(need, str):
-            return need
-        if self.applied:
-            return "applied"
-        return "needed, selected" if selected else "needed, NOT selected"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "processes", frozenset(Proc(p) for p in self.processes))
 
 
-_REGISTRY: dict[str, Patch] = {}
+# -- per-process state ----------------------------------------------------------------------------------
+
+@dataclass
+class _State:
+    applied: set = field(default_factory=set)
+    errors: dict = field(default_factory=dict)      # name -> "phase: Type: message"
+    skipped: dict = field(default_factory=dict)     # name -> why it was not applied here
+    processes: frozenset = ALL_PROCS
+    how: str = "not loaded as a vLLM plugin: all process kinds"
 
 
-def register(patch: Patch) -> Patch:
-    if patch.name in _REGISTRY:
-        raise ValueError(f"duplicate patch name {patch.name}")
-    _REGISTRY[patch.name] = patch
+STATE = _State()
+_PATCHES: dict[str, Patch] = {}
+_undo: list | None = None   # (owner, attr, original) of the patch being applied, to undo a half-applied one
+
+
+def _load(name: str) -> Patch | None:
+    """The PATCH of module ``kit.patches.<name>``; an import failure is recorded, never raised."""
+    if name in _PATCHES:
+        return _PATCHES[name]
+    try:
+        mod = importlib.import_module(f"{__name__}.{name}")
+        patch = getattr(mod, "PATCH")
+        if not isinstance(patch, Patch) or patch.name != name:
+            raise TypeError(f"kit/patches/{name}.py must define PATCH = Patch(name={name!r}, ...)")
+    except Exception as e:
+        _fail(name, "import", e)
+        return None
+    _PATCHES[name] = patch
     return patch
 
 
-_MODULES = ("cpu_amx", "cpu_rope_layout", "cpu_rejection_expand", "cpu_seeded_generator_rewind", "drafter_guard", "eager_pp_buffers", "pp_spec_schedule", "pp_spec_history", "eagle3_aux_pp", "glm4_moe_dense_stage", "qwen_vl_no_torchvision", "pp_kv_layout_intersect",
-            "nixl_cpu_affinity", "nixl_pp_draft_regions", "nixl_pp_consumer", "nixl_progress", "decode_side_rule", "upstream_checks")
-
-
 def registry() -> dict[str, Patch]:
-    """All patches, in application order (the order of ``_MODULES``)."""
-    _load_modules()
-    order = {}
-    for n, p in _REGISTRY.items():
-        order[n] = (_MODULES.index(p.apply.__module__.rsplit(".", 1)[-1]), list(_REGISTRY).index(n))
-    return {n: _REGISTRY[n] for n in sorted(_REGISTRY, key=order.__getitem__)}
+    """Every patch whose module imports, in application order (:data:`INDEX`)."""
+    return {n: p for n in INDEX if (p := _load(n)) is not None}
 
 
-def _load_modules() -> None:
-    from . import (  # noqa: F401
-        cpu_amx,
-        cpu_rejection_expand,
-        cpu_seeded_generator_rewind,
-        cpu_rope_layout,
-        drafter_guard,
-        eager_pp_buffers,
-        pp_spec_schedule,
-        pp_spec_history,
-        eagle3_aux_pp,
-        glm4_moe_dense_stage,
-        qwen_vl_no_torchvision,
-        pp_kv_layout_intersect,
-        nixl_cpu_affinity,
-        nixl_pp_consumer,
-        nixl_pp_draft_regions,
-        nixl_progress,
-        decode_side_rule,
-        upstream_checks,
-    )
+def _fail(name: str, phase: str, e: BaseException) -> None:
+    msg = f"{phase}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+    STATE.errors[name] = msg
+    log.warning("ppmtp-kit patch %s failed (%s) in pid %d; not applied here", name, msg, os.getpid())
 
+
+def install(owner: Any, attr: str, patch: str, make: Callable[[Any], Any]) -> bool:
+    """Replace ``owner.attr`` by ``make(current)``, marked with the patch's name (:data:`MARK`).
+
+    Nothing happens if the current value already carries that mark (applied before in this process), so a
+    patch is never stacked on itself. During :func:`apply_selected` each replacement is remembered, and a
+    patch whose ``apply()`` raises halfway is undone. Returns whether it replaced.
+    """
+    current = getattr(owner, attr)
+    if patch in _marks(current):
+        return False
+    new = make(current)
+    setattr(new, MARK, patch)
+    if _undo is not None:
+        _undo.append((owner, attr, current))
+    setattr(owner, attr, new)
+    return True
+
+
+def marked(obj: Any) -> str | None:
+    """The name of the patch that installed ``obj``, or None."""
+    return getattr(obj, MARK, None)
+
+
+def _marks(obj: Any) -> list[str]:
+    """The patch marks along ``obj``'s ``__wrapped__`` chain (outermost first): a patch under another's
+    wrapper is still seen."""
+    out = []
+    for _ in range(64):
+        if obj is None:
+            break
+        m = getattr(obj, MARK, None)
+        if m is not None:
+            out.append(m)
+        obj = getattr(obj, "__wrapped__", None)
+    return out
+
+
+# -- selection -------------------------------------------------------------------------------------------
 
 def selected_names(spec: str | None = None) -> list[str]:
     """Names selected by ``KIT_PATCHES`` (or ``spec``); unknown names raise ``ValueError``."""
-    reg = registry()
     spec = (os.environ.get(ENV_SELECT, "all") if spec is None else spec).strip() or "all"
-    defaults = [n for n, p in reg.items() if not p.teaching_only]
     if spec == "none":
         return []
+    reg = registry()
+    known = set(INDEX)
+    defaults = [n for n in INDEX if not (reg[n].teaching_only if n in reg else False)]
     chosen: list[str] = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         if item == "all":
             chosen += [n for n in defaults if n not in chosen]
-        elif item.startswith("-"):
-            name = item[1:]
-            if name not in reg:
-                raise ValueError(f"{ENV_SELECT}: unknown patch {name!r}; known: {', '.join(reg)}")
+            continue
+        name = item[1:] if item.startswith("-") else item
+        if name not in known:
+            raise ValueError(f"{ENV_SELECT}: unknown patch {name!r}; known: {', '.join(INDEX)}")
+        if item.startswith("-"):
             chosen = [n for n in chosen if n != name]
-        else:
-            if item not in reg:
-                raise ValueError(f"{ENV_SELECT}: unknown patch {item!r}; known: {', '.join(reg)}")
-            if item not in chosen:
-                chosen.append(item)
-    return [n for n in reg if n in chosen]
+        elif name not in chosen:
+            chosen.append(name)
+    return [n for n in INDEX if n in chosen]
 
 
 def is_active(name: str) -> bool:
@@ -151,29 +271,134 @@ def check_vllm_version() -> str:
     return v
 
 
-def apply_selected() -> list[str]:
-    """Apply the selected patches in this process (idempotent); return the names applied now or before."""
+# -- which process is this -------------------------------------------------------------------------------
+
+def _loader_caller() -> tuple[str, str, dict] | None:
+    """(module, qualname, locals) of the function that called ``vllm.plugins.load_general_plugins``."""
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name == "load_general_plugins" and f.f_globals.get("__name__") == "vllm.plugins":
+            c = f.f_back
+            if c is None:
+                return None
+            return c.f_globals.get("__name__", "?"), getattr(c.f_code, "co_qualname", c.f_code.co_name), c.f_locals
+        f = f.f_back
+    return None
+
+
+def _children_forked() -> bool:
+    """Whether vLLM may fork this process's children (they then inherit its patches and never load the
+    plugin themselves). vLLM's CPU platform forces spawn before any child starts."""
+    return os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork") != "spawn"
+
+
+def process_kinds(caller: tuple[str, str, dict] | None = None) -> tuple[frozenset, str]:
+    """The process kinds whose code this process runs, judged from who called vLLM's plugin loader.
+
+    vLLM 0.32 loads general plugins from ``EngineArgs.__post_init__`` (front end), ``EngineCore.__init__``
+    (engine core) and ``WorkerWrapperBase.init_worker`` (workers); the process title is no guide (a spawned
+    worker still has the spawn command line as its title then). A process also runs the code of the
+    processes it holds in-process (a uni-process executor's worker; ``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+    and of those it forks. Any other caller (``kit doctor``, tests, an unknown vLLM path): every kind.
+    """
+    if os.environ.get(ENV_EVERYWHERE, "") not in ("", "0"):
+        return ALL_PROCS, f"{ENV_EVERYWHERE} is set: all process kinds"
+    if caller is None:
+        return ALL_PROCS, "not called by vLLM's plugin loader: all process kinds"
+    module, qualname, local = caller
+    where = f"{module}:{qualname}"
+    if module == "vllm.v1.worker.worker_base":
+        return frozenset({Proc.WORKER}), where
+    if module == "vllm.v1.engine.core":
+        kinds = {Proc.ENGINE_CORE}
+        executor = local.get("executor_class")
+        try:
+            from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+            in_process = executor is None or issubclass(executor, UniProcExecutor)
+        except Exception:
+            in_process = True
+        if in_process or _children_forked():
+            kinds.add(Proc.WORKER)
+        return frozenset(kinds), where + (" (+ workers: in-process or forked)" if Proc.WORKER in kinds else "")
+    if module == "vllm.engine.arg_utils":
+        import vllm.envs as envs
+
+        if not envs.VLLM_ENABLE_V1_MULTIPROCESSING or _children_forked():
+            return ALL_PROCS, where + " (+ engine core and workers: in-process or forked)"
+        return frozenset({Proc.FRONT_END}), where
+    return ALL_PROCS, where + " (unknown caller: all process kinds)"
+
+
+# -- applying --------------------------------------------------------------------------------------------
+
+def apply_selected(processes: frozenset | None = None) -> list[str]:
+    """Apply the selected patches meant for ``processes`` (default: every kind) in this process.
+
+    Idempotent; returns the names applied (now or before). A patch that fails to import, detect or apply is
+    recorded in :data:`STATE` (``errors``) and logged, not raised; see :func:`errors`.
+    """
+    global _undo
     names = selected_names()
     if not names:
         return []
     check_vllm_version()
-    reg = registry()
-    done = []
+    processes = ALL_PROCS if processes is None else frozenset(processes)
     for name in names:
-        p = reg[name]
-        if p.report_only:
+        p = _load(name)
+        if p is None or name in STATE.applied or name in STATE.errors:
             continue
-        if not p.applied and p.needed() is True:
+        if p.report_only:
+            STATE.skipped[name] = "report only (nothing to apply)"
+            continue
+        if not p.processes & processes:
+            STATE.skipped[name] = "not for this process (" + ", ".join(sorted(k.value for k in p.processes)) + ")"
+            continue
+        try:
+            need = p.needed()
+        except Exception as e:
+            _fail(name, "needed()", e)
+            continue
+        if need is not True:
+            STATE.skipped[name] = "upstream (installed vLLM has the fix)" if need is False else str(need)
+            continue
+        _undo = []
+        try:
             p.apply()
-            p.applied = True
-        if p.applied:
-            done.append(name)
-    return done
+        except Exception as e:
+            for owner, attr, orig in reversed(_undo):
+                setattr(owner, attr, orig)
+            _fail(name, "apply()", e)
+            continue
+        finally:
+            _undo = None
+        STATE.skipped.pop(name, None)
+        STATE.applied.add(name)
+    return [n for n in names if n in STATE.applied]
+
+
+def errors() -> dict[str, str]:
+    """Patches that failed in this process: name -> what failed."""
+    return dict(STATE.errors)
 
 
 def load_plugin() -> None:
     """Entry point for ``vllm.general_plugins``: called once in every vLLM process."""
-    applied = apply_selected()
+    t0 = time.perf_counter()
+    caller = _loader_caller()
+    try:
+        kinds, how = process_kinds(caller)
+    except Exception as e:  # never guess narrow: apply everything
+        kinds, how = ALL_PROCS, f"process kind unknown ({type(e).__name__}: {e}): all process kinds"
+    STATE.processes, STATE.how = kinds, how
+    try:
+        applied = apply_selected(kinds)  # raises only UnsupportedVllmError / an unknown KIT_PATCHES name
+    except Exception as e:
+        if isinstance(e, (UnsupportedVllmError, ValueError)):
+            raise
+        applied = []
+        _fail("*", "load_plugin", e)
+    secs = time.perf_counter() - t0
     path = os.environ.get(ENV_LOG)
     if path:
         try:
@@ -182,21 +407,74 @@ def load_plugin() -> None:
             title = setproctitle.getproctitle()
         except Exception:
             title = ""
-        rec = {"pid": os.getpid(), "ppid": os.getppid(), "title": title, "applied": applied, "time": time.time()}
-        with open(path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        import multiprocessing
+
+        rec = {"pid": os.getpid(), "ppid": os.getppid(), "title": title,
+               "mp_name": multiprocessing.current_process().name, "caller": how,
+               "processes": sorted(k.value for k in kinds), "applied": applied, "errors": errors(),
+               "seconds": round(secs, 4), "time": time.time()}
+        try:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError as e:
+            log.warning("ppmtp-kit: cannot write %s=%s: %s", ENV_LOG, path, e)
     if applied:
-        log.info("ppmtp-kit patches applied in pid %d: %s", os.getpid(), ", ".join(applied))
+        log.info("ppmtp-kit patches applied in pid %d (%s) in %.2f s: %s", os.getpid(),
+                 ",".join(sorted(k.value for k in kinds)), secs, ", ".join(applied))
+
+
+def failures_in_log(path: str | os.PathLike) -> list[str]:
+    """One line per patch failure recorded in a ``KIT_PATCH_LOG`` file (empty: none, or no file)."""
+    out = []
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        for name, msg in (rec.get("errors") or {}).items():
+            out.append(f"patch {name} failed in pid {rec.get('pid')} ({rec.get('caller')}): {msg}")
+    return out
+
+
+def status(name: str, selected: bool) -> str:
+    """The patch's state in this process, in words."""
+    if name in STATE.errors:
+        return f"FAILED: {STATE.errors[name]}"
+    p = _load(name)
+    if p is None:
+        return f"FAILED: {STATE.errors.get(name, 'not loaded')}"
+    if name in STATE.applied:
+        return "applied"
+    try:
+        need = p.needed()
+    except Exception as e:  # detection must never break a process
+        return f"FAILED: needed(): {type(e).__name__}: {e}"
+    if need is False:
+        return "upstream (installed vLLM has the fix)"
+    if isinstance(need, str):
+        return need
+    if selected and name in STATE.skipped:
+        return STATE.skipped[name]
+    return "needed, selected" if selected else "needed, NOT selected"
 
 
 def report() -> list[dict]:
-    """One row per patch: name, where, targets, upstream thread, status in this process."""
+    """One row per patch: its registry fields and its status in this process."""
     try:
         names = set(selected_names())
     except ValueError:
         names = set()
-    return [
-        {"name": p.name, "where": p.where, "targets": p.targets, "upstream": p.upstream,
-         "selected": p.name in names, "status": p.status(p.name in names), "summary": p.summary}
-        for p in registry().values()
-    ]
+    rows = []
+    for name in INDEX:
+        p = _load(name)
+        row = {"name": name, "selected": name in names, "status": status(name, name in names)}
+        if p is not None:
+            row.update(summary=p.summary, upstream=p.upstream, target=p.target,
+                       processes=sorted(k.value for k in p.processes), runner=p.runner.value, kind=p.kind.value,
+                       teaching_only=p.teaching_only, report_only=p.report_only)
+        rows.append(row)
+    return rows

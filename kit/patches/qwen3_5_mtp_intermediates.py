@@ -1,0 +1,46 @@
+"""Report only: the Qwen3.5 MTP forward never consumes PP intermediates (fixed in 0.32).
+
+What breaks without it (before the seed PR #46003): the Qwen3.5 MTP forward read PP intermediate tensors on
+non-first ranks, which an MTP head never receives.
+Fix: upstream; nothing to apply. ``needed()`` reads ``qwen3_5_mtp``'s forward (not importable without
+torchvision on some installs: then it says so).
+Upstream: vLLM #46003 (seed PR). Target: vLLM < 0.32 (detection on 0.32.0).
+Removal: with support for vLLM versions without the fix. Turn off: nothing to turn off (report only).
+"""
+from __future__ import annotations
+
+import inspect
+
+from . import Kind, Patch, Proc, Runner
+from .draft_pp_gate import nothing_to_apply
+
+NAME = "qwen3_5_mtp_intermediates"
+
+
+def _needed() -> "bool | str":
+    try:
+        from vllm.model_executor.models import qwen3_5_mtp
+    except Exception as e:  # needs torchvision via transformers on some installs
+        return f"not importable here: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    src = inspect.getsource(qwen3_5_mtp)
+    return "is_first_rank" in src and "intermediate_tensors is None" not in src
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="Qwen3.5 MTP forward never consumes PP intermediates (report only: fixed upstream)",
+    why=("The Qwen3.5 MTP forward read PP intermediates on non-first ranks. Detected from qwen3_5_mtp's forward. "
+         "No test here: Qwen3.5 needs torchvision, which the CPU install does not have."),
+    upstream="vLLM #46003 (seed PR)",
+    target="vLLM < 0.32 (fixed in 0.32.0)",
+    symbols=(),
+    processes={Proc.WORKER},
+    runner=Runner.ANY,
+    kind=Kind.START_UP,
+    removal="with support for vLLM versions without the fix",
+    tests=(),  # Qwen3.5 needs torchvision, not installed on the CPU machines
+    findings="seed-items-vllm-032-already-fixes",
+    apply=nothing_to_apply,
+    needed=_needed,
+    report_only=True,
+)
