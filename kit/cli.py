@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             return args.func(args, rest)
         if rest:
             raise TopologyError(f"unrecognized arguments: {' '.join(rest)}")
+        if getattr(args, "quiet", False):
+            from .progress import set_quiet
+
+            set_quiet(True)
         return args.func(args)
     except (TopologyError, ModelError) as e:
         print(f"{args.prog}: error: {' '.join(str(e).split())}", file=sys.stderr)

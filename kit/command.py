@@ -27,6 +27,7 @@ def add_command(sub, name: str, run: Callable[[argparse.Namespace], int], help: 
     """A subcommand whose ``run(args)`` returns the exit code (0 success, 1 a failed or differing run)."""
     p = sub.add_parser(name, help=help, description=description or help)
     p.set_defaults(func=run, prog=p.prog)
+    p.add_argument("--quiet", action="store_true", help="no live status line on stderr (also KIT_QUIET=1)")
     return p
 
 

@@ -32,9 +32,17 @@ def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
     assert sorted(by_kind) == [("engine_core",), ("front_end",), ("worker",)], by_kind
     assert len(by_kind[("worker",)]) == 2
     (front,), (core,) = by_kind[("front_end",)], by_kind[("engine_core",)]
-    assert front["applied"] == ["decode_side_pp_spec_rule"], front
-    assert core["applied"] == ["pp_spec_schedule_gate"], core
+    # What each kind must apply: the selected patches whose code runs there and that this vLLM needs.
+    from kit import patches as kp
+
+    reg = kp.registry()
+    want = {kind: [n for n in kp.selected_names() if kp.Proc(kind) in reg[n].processes and not reg[n].report_only
+                   and reg[n].needed() is True] for kind in ("front_end", "engine_core", "worker")}
+    assert "decode_side_pp_spec_rule" in want["front_end"] and "pp_spec_schedule_gate" in want["engine_core"]
+    assert front["applied"] == want["front_end"], front
+    assert core["applied"] == want["engine_core"], core
     for rec in by_kind[("worker",)]:
+        assert set(want["worker"]) <= set(rec["applied"]), rec
         assert {"drafter_only_on_last_rank", "pp_spec_token_history"} <= set(rec["applied"]), rec
         assert "pp_spec_schedule_gate" not in rec["applied"] and "decode_side_pp_spec_rule" not in rec["applied"]
 
