@@ -192,8 +192,16 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
             dead = proc.check_children() if alive else None
             if not alive or dead:
                 # The runner writes its result and leaves at once; its guard then ends the engine core and
-                # workers. A death seen just after the result landed is that teardown, not a failure.
-                time.sleep(0.2)
+                # workers. A death seen just after the result landed is that teardown, not a failure. A real
+                # death: let the survivors write the root cause (a worker's traceback reaches the log through
+                # the engine core a moment later) before the tree is ended: up to 3 s, while the log grows.
+                settle, size = time.monotonic() + 3.0, -1
+                while not out.exists() and time.monotonic() < settle:
+                    now = log_path.stat().st_size if log_path.exists() else 0
+                    if now == size:
+                        break
+                    size = now
+                    time.sleep(0.5)
                 if out.exists():
                     break
                 raise proc.fail(f"a vLLM process died: {dead}" if dead else
