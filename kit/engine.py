@@ -174,7 +174,7 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
     req = work / "request.json"
     out = work / "result.json"
     log_path = Path(log_path) if log_path else work / "engine.log"
-    req.write_text(json.dumps({"topology": _topology_kwargs(topology), "jobs": jobs}))
+    req.write_text(json.dumps({"topology": topology.describe(), "jobs": jobs}))
     proc_env = dict(topology.env())
     proc_env.update(env or {})
     proc_env.setdefault(ENV_LOG, str(work / "patches.jsonl"))  # each vLLM process records its patches there
@@ -250,11 +250,6 @@ def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, tempe
     g.topology["log"] = res["log"]
     g.topology["peak_rss"] = res.get("peak_rss", {})
     return g
-
-
-def _topology_kwargs(t: Topology) -> dict:
-    d = t.describe()
-    return d
 
 
 # -- servers --------------------------------------------------------------------------------------

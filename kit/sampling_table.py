@@ -1,7 +1,7 @@
 """``python -m kit.sampling_table``: sampled acceptance against theory, and the distribution checks, as one table.
 
-Each row is one fresh engine (:func:`kit.sampling.sampled_acceptance`): the default prompts greedy, then sampled
-at the row's temperature; measured acceptance per draft position next to the sum of the target's probabilities
+Each row is one fresh engine (:func:`kit.sampling.sweep_jobs`): the default prompts greedy, then sampled at each
+of the row's temperatures; measured acceptance per draft position next to the sum of the target's probabilities
 of the drafts. ``--write docs/results/sampling.md`` writes the tables there, headed by date, machine, versions and
 the command (:mod:`kit.results`).
 """
