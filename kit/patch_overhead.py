@@ -64,7 +64,9 @@ def measure(n: int = 200_000, num_layers: int = 4) -> list[WrapperCost]:
     out = []
     for patch, probe in per_step_probes(num_layers):
         wrapper = getattr(probe.owner, probe.attr)
-        if marked(wrapper) != patch:
+        while wrapper is not None and marked(wrapper) != patch:  # patches stacked on one function
+            wrapper = getattr(wrapper, "__wrapped__", None)
+        if wrapper is None:
             continue  # this patch is not applied here
         cell, orig = _swap_orig(wrapper, _noop)
         try:

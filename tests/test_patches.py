@@ -307,6 +307,28 @@ def test_fill_history_no_gap_no_change_and_remembers_new_drafts():
     assert state.output_token_ids == [10] and drafts == {"r": [3, 4]}
 
 
+def test_accepted_counts_follow_the_scheduler():
+    """pp_spec_hybrid_accepted_count: the count a non-last rank gets is what the last rank's sampler set."""
+    from kit.patches.pp_spec_hybrid_accepted_count import accepted_counts
+
+    def sched(computed, spec=None, resumed=()):
+        cached = SimpleNamespace(req_ids=list(computed), resumed_req_ids=set(resumed),
+                                 num_computed_tokens=list(computed.values()))
+        return SimpleNamespace(scheduled_cached_reqs=cached, scheduled_spec_decode_tokens=spec or {},
+                               finished_req_ids=set())
+
+    runner = SimpleNamespace(requests={r: SimpleNamespace(num_computed_tokens=10) for r in "abcd"})
+    prev = {"a": 2, "b": 2, "c": 3}  # drafts each request carried in its previous step; d had none
+    # a: 2 of 2 accepted (10 -> 13), b: none accepted (10 -> 11), c: 1 of 3 (10 -> 12), d: a plain step (10 -> 11)
+    counts = accepted_counts(runner, sched({"a": 13, "b": 11, "c": 12, "d": 11}, spec={"a": [5, 6]}), prev)
+    assert counts == {"a": 3, "b": 1, "c": 2, "d": 1}
+    assert prev == {"a": 2}  # this step's drafts, for the next step
+    # A resumed request is re-added by vLLM (count 1 from add_request): left alone; a prefill chunk counts 1.
+    runner.requests["a"].num_computed_tokens = 13
+    assert accepted_counts(runner, sched({"a": 16}, resumed=["a"]), prev) == {}
+    assert accepted_counts(runner, sched({"b": 40}), {}) == {"b": 1}
+
+
 def test_decode_side_rule_is_checked_before_any_process_starts():
     """The kit refuses decode-side PP + spec without the fix in-process, in well under a second."""
     import time

