@@ -347,6 +347,10 @@ class Server:
             status.close(failed=True)
             self.stop()
             raise EngineError(str(e)) from None
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) or any other error: __exit__ never runs when
+            status.close(failed=True)  # __enter__ fails, so the tree is ended here, not at interpreter exit
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is not None:

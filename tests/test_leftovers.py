@@ -149,3 +149,54 @@ def test_a_vllm_server_keeps_its_sockets_in_its_own_folder(no_leftovers):
     assert leftover_temp_entries(before) == []
     assert leftover_vllm_processes(since=time.time() - 600, owner=os.getpid()) == []
     assert psutil.pid_exists(os.getpid())
+
+
+_INTERRUPTED_CALLER = textwrap.dedent(f"""
+    # A caller that lives on after Ctrl-C, as a Jupyter kernel does: the tree must be gone before it exits.
+    import sys, time; sys.path.insert(0, {str(ROOT)!r})
+    from kit.engine import Server
+    from kit.topology import Topology
+    try:
+        Server(Topology(model={MODEL!r}, random_weights=True), name="interrupted", quiet=True).start()
+        print("started", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    time.sleep(120)
+""")
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+@pytest.mark.engine
+def test_ctrl_c_during_server_start_leaves_nothing(no_leftovers):
+    """SIGINT to the caller while its server starts: KeyboardInterrupt ends the server tree at once (before,
+    only ``ProcessFailed`` was handled and the tree lived until the caller's interpreter exited)."""
+    before = vllm_temp_entries()
+    caller = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_CALLER], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        me = psutil.Process(caller.pid)
+        deadline = time.monotonic() + 120
+        tree: list[psutil.Process] = []
+        while time.monotonic() < deadline:  # until vLLM's API server runs under the guard
+            tree = me.children(recursive=True)
+            if any("vllm.entrypoints" in _cmd(p) for p in tree):
+                break
+            time.sleep(0.2)
+        assert tree, "the server never started"
+        time.sleep(2)
+        tree = me.children(recursive=True)
+        caller.send_signal(signal.SIGINT)
+        assert caller.stdout.readline().strip() == "interrupted"
+        gone, alive = psutil.wait_procs(tree, timeout=30)
+        assert caller.poll() is None, "the caller must still be alive: nothing but start() may clean up"
+        assert not alive, f"left behind while the caller lives: {[p.pid for p in alive]}"
+        assert leftover_temp_entries(before) == []
+    finally:
+        caller.kill()
+        caller.wait()
