@@ -164,11 +164,16 @@ class ManagedProcess:
         full_env["KIT_PARENT_PID"] = str(os.getpid())
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         # Under kit.guard: if this process dies without its teardown, the guard still ends the tree.
-        self.popen = subprocess.Popen(guard_command(cmd), env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                      preexec_fn=_set_pdeathsig)
-        if out is not subprocess.DEVNULL:
-            out.close()
+        try:
+            self.popen = subprocess.Popen(guard_command(cmd), env=full_env, cwd=cwd, stdout=out,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_set_pdeathsig)
+        except BaseException:  # nothing started: nothing else would remove the folder
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
         self.pid = self.popen.pid
         self.started = time.monotonic()
         self._seen: dict[int, str] = {}

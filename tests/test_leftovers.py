@@ -59,6 +59,13 @@ def test_a_tree_gets_its_own_temp_folder_and_teardown_removes_it(tmp_path):
     assert leftover_temp_entries(before) == []
 
 
+def test_a_start_that_fails_leaves_no_temp_folder(tmp_path):
+    before = vllm_temp_entries()
+    with pytest.raises(OSError):
+        ManagedProcess([sys.executable], cwd=tmp_path / "no-such-folder")
+    assert leftover_temp_entries(before) == []
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_the_guard_removes_the_temp_folder_when_the_caller_dies(tmp_path, how):
     """The caller never runs its teardown; the guard (parent-death signal) ends the tree and removes the folder."""
