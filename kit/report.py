@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .command import add_command
 from .models import REPO_ROOT
+from .topology import TopologyError
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -169,10 +170,14 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise TopologyError(f"--out {out}: not a directory")
+    chosen = [nb for nb in notebooks() if args.only in nb.name]
+    if not chosen:
+        raise TopologyError(f"--only {args.only!r}: no notebook name contains it "
+                            f"({', '.join(nb.name for nb in notebooks())})")
     rows = []
-    for nb in notebooks():
-        if args.only not in nb.name:
-            continue
+    for nb in chosen:
         print(f"[report] running {nb.name} ...", flush=True)
         executed, secs, err = execute(nb, out)
         row = {"name": nb.name, "seconds": secs, "error": err, "page": None, "question": "", "claims": [],

@@ -447,10 +447,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             Path(a.json).write_text(text + "\n")
         print(text)
         return 0 if res["ok"] else 1
-    ap = argparse.ArgumentParser(prog="kit.tinydeepseek", description="Train tiny-deepseek-v3-trained (CPU, offline).")
+    from .command import Parser  # one-line errors, exit 2
+    from .validate import arg_count, arg_seed
+
+    ap = Parser(prog="kit.tinydeepseek", description="Train tiny-deepseek-v3-trained (CPU, offline).")
     ap.add_argument("--out", default=str(DEFAULT_OUT.relative_to(REPO_ROOT)))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--seed", type=arg_seed, default=0)
+    ap.add_argument("--steps", type=arg_count, default=None)
     ap.add_argument("--quick", action="store_true", help="few-step smoke run on a small corpus (tests)")
     ap.add_argument("--no-q-rope", dest="q_rope", action="store_false",
                     help="hold q's rope rows at 0 (matches stock vLLM's CPU MLA rope; see NO_Q_ROPE_NOTE)")

@@ -1143,13 +1143,16 @@ def acceptance(model_dir: Path | str = DEFAULT_OUT, prompts: Sequence[str] | Non
 
 
 def _train_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="kit train-tiny", description="Train the tiny-mimo MTP model (CPU, offline).")
+    from .command import Parser  # one-line errors, exit 2
+    from .validate import arg_count, arg_seed
+
+    ap = Parser(prog="kit train-tiny", description="Train the tiny-mimo MTP model (CPU, offline).")
     ap.add_argument("--out", default=str(DEFAULT_OUT.relative_to(REPO_ROOT)),
                     help="model directory (default data/models/tiny-mimo, relative to the repo)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--seed", type=arg_seed, default=0)
+    ap.add_argument("--steps", type=arg_count, default=None)
     ap.add_argument("--quick", action="store_true", help="few-step smoke run on a small corpus (tests)")
-    ap.add_argument("--threads", type=int, default=TrainConfig.threads,
+    ap.add_argument("--threads", type=arg_count, default=TrainConfig.threads,
                     help="torch intra-op threads (default 1; part of the reproducible recipe)")
     args = ap.parse_args(argv)
     tc = quick_config(args.seed) if args.quick else TrainConfig(seed=args.seed)

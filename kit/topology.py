@@ -12,6 +12,7 @@ vLLM 0.32 beyond the topology's own fields (today: hybrid Gated-DeltaNet models 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -106,6 +107,7 @@ class Topology:
             raise TopologyError(str(e)) from None
 
     def validate(self) -> None:
+        self._check_types()
         info = self.info
         for name in ("pp", "tp"):
             v = getattr(self, name)
@@ -151,8 +153,28 @@ class Topology:
             raise TopologyError(f"max_model_len={mml} outside 16..{info.max_model_len} (the model's max_position_embeddings)")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise TopologyError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.kv_cache_gib <= 0:
-            raise TopologyError("kv_cache_gib must be positive")
+        kv = self.kv_cache_gib  # NaN compares False with everything and would pass a plain `<= 0`
+        if not isinstance(kv, (int, float)) or isinstance(kv, bool) or not math.isfinite(kv) or kv <= 0:
+            raise TopologyError(f"kv_cache_gib must be a finite number > 0 (GiB), got {kv!r}")
+
+    def _check_types(self) -> None:
+        """Field types first: a string or a float where an integer belongs would otherwise fail later, in a
+        comparison's TypeError or inside vLLM."""
+        for name in ("pp", "tp", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if v is None and name.startswith("max_"):
+                continue
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TopologyError(f"{name} must be an integer, got {v!r}")
+        if self.seed < 0:  # numpy's generator for --random weights and vLLM's seed take none below 0
+            raise TopologyError(f"seed must be >= 0, got {self.seed}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise TopologyError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        for name in ("random_weights", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise TopologyError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.extra_engine_args, dict):
+            raise TopologyError(f"extra_engine_args must be a dict, got {type(self.extra_engine_args).__name__}")
 
     # -- derived ----------------------------------------------------------------------------
     @property

@@ -25,7 +25,6 @@ version (its training text is that interpreter's stdlib).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sysconfig
 from pathlib import Path
@@ -524,7 +523,9 @@ def write_zoo(out: Path = MODELS_DIR, names=ZOO, tokenizer: bool = True) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kit.zoo", description=__doc__.split("\n")[0])
+    from .command import Parser  # one-line errors, exit 2
+
+    ap = Parser(prog="python -m kit.zoo", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=MODELS_DIR, help="parent directory (default data/models)")
     ap.add_argument("--only", nargs="*", choices=ZOO, default=list(ZOO))
     ap.add_argument("--no-tokenizer", action="store_true", help="keep existing tokenizer files")

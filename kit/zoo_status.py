@@ -7,7 +7,6 @@ the root cause. ``--write`` replaces the block between the ``zoo-status`` marker
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import time
@@ -87,7 +86,9 @@ def write_readme(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kit.zoo_status", description=__doc__.splitlines()[0])
+    from .command import Parser  # one-line errors, exit 2
+
+    ap = Parser(prog="python -m kit.zoo_status", description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="", help="only models whose name contains this")
     ap.add_argument("--write", action="store_true", help="write the table into data/models/README.md")
     args = ap.parse_args(argv)

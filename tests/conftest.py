@@ -14,18 +14,23 @@ MODEL = os.environ.get("KIT_TEST_MODEL", "tiny-mimo")
 
 @pytest.fixture
 def no_leftovers():
-    """Fail the test if it leaves a vLLM-looking process behind: an orphan, or a child of this process,
-    created during the test (other owners' live processes on a shared machine are not counted)."""
+    """Fail the test if it leaves something of vLLM's behind, created during the test: a process (an orphan,
+    adopted by init or by a subreaper above this process, or a child of this process), an ipc socket, a
+    ``vllm_dist_*`` file or a kit tree folder in the temp dir, or a ``/dev/shm`` entry, that no live process uses
+    any more (other owners' live processes and files on a shared machine are not counted)."""
     import time
 
-    from kit.procs import leftover_vllm_processes
+    from kit.procs import leftover_temp_entries, leftover_vllm_processes, vllm_temp_entries
 
     t0 = time.time()
+    files_before = vllm_temp_entries()
     yield
     deadline = time.monotonic() + 15
     while True:
-        now = leftover_vllm_processes(since=t0, owner=os.getpid())
-        if not now or time.monotonic() > deadline:
+        procs = leftover_vllm_processes(since=t0, owner=os.getpid())
+        files = leftover_temp_entries(files_before)
+        if not (procs or files) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert not now, f"processes left behind: {now}"
+    assert not procs, f"processes left behind: {procs}"
+    assert not files, f"temp or /dev/shm entries left behind: {files[:20]} ({len(files)})"

@@ -1,18 +1,104 @@
 """Bad input is refused before any process starts, with a message that says what to do.
 
-The topology field checks are in test_topology.py and the CLI's in test_cli.py / test_pd.py; these are the
-refusals that need more than one field: device capacity, PD pairs, ports, the decode-side rule, patch names.
-Every case must fail in-process, fast, and leave no process behind.
+The table (kit/bad_input.py, written to docs/bad-input.md) runs every case in this process with process
+creation blocked and checks exit 2 (or TopologyError), one line, the expected fragment, no process, nothing
+written. Below it, the refusals that need more than one field: device capacity, PD pairs, ports, the
+decode-side rule, patch names. Every case must fail in-process, fast, and leave no process behind.
 """
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
-from kit import engine, pd
+from kit import bad_input, engine, pd
 from kit.topology import Topology, TopologyError
 
-from conftest import MODEL
+from conftest import MODEL, ROOT
+
+
+@pytest.fixture(scope="module")
+def scratch():
+    with bad_input.scratch() as tmp:
+        yield tmp
+
+
+@pytest.mark.parametrize("case", bad_input.CASES, ids=[f"{i + 1}-{c.what}" for i, c in enumerate(bad_input.CASES)])
+def test_the_table(case, scratch):
+    t0 = time.monotonic()
+    out = bad_input.run_case(case, scratch)
+    assert out.problems(case) == [], (case.command, out)
+    assert time.monotonic() - t0 < 5
+
+
+def test_the_table_has_what_the_docs_promise():
+    kinds = {c.text.split()[0] if c.kind == "cli" else "api" for c in bad_input.CASES}
+    assert len(bad_input.CASES) >= 30
+    assert {"compare", "pd", "bench", "matrix", "report", "train", "zoo", "doctor", "api"} <= kinds
+
+
+def test_docs_bad_input_md_is_generated_from_the_table():
+    have = bad_input.DOC_PATH.read_text() if bad_input.DOC_PATH.exists() else ""
+    assert have == bad_input.render(), f"docs/bad-input.md is out of date: run `{bad_input.REGENERATE}`"
+    assert "NOT REFUSED AS EXPECTED" not in have
+
+
+def test_the_harness_sees_a_process_start_and_a_file_written(scratch):
+    """Without this the table could pass vacuously: good input must reach the (blocked) process start, having
+    written its random checkpoint, and be reported as not refused."""
+    import multiprocessing
+
+    with bad_input._no_processes(started := []):
+        for start in (lambda: subprocess.run(["true"]), lambda: multiprocessing.get_context("spawn").Process().start(),
+                      lambda: multiprocessing.get_context("fork").Process().start(), os.fork):
+            with pytest.raises(bad_input._ProcessBlocked):
+                start()
+    assert len(started) == 4, started
+    case = bad_input.cli("good input", "compare --random --limit 1 --max-tokens 2 --timeout 1", "")
+    out = bad_input.run_case(case, scratch)
+    assert out.started and any(w.startswith("cache/random/") for w in out.written), out
+    assert out.raised == "a process start" and out.problems(case)
+    api = bad_input.api("good input", 'generate(T, ["Hello"], max_tokens=2)', "")
+    out = bad_input.run_case(api, scratch)
+    assert out.started and out.problems(api)
+
+
+REAL = ["compare --random --seed -1", "compare --random --timeout nan", "compare --random --limit 100",
+        "pd --random --consumer-pp 2 --connector nixl-push", "train tiny-mimo --steps 0"]
+
+
+@pytest.mark.parametrize("text", REAL)
+def test_a_real_kit_process_prints_the_same_line(text, scratch):
+    """The table runs in-process; the command itself, as a user starts it, gives the same line and exit 2."""
+    case = next(c for c in bad_input.CASES if c.text == text)
+    want = bad_input.run_case(case, scratch).message
+    p = subprocess.run([sys.executable, "-m", "kit", *case.text.replace(bad_input.TMP, str(scratch)).split()],
+                       cwd=scratch / "cwd", capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "KIT_CACHE_DIR": str(scratch / "cache"), "PYTHONPATH": str(ROOT)})
+    got = p.stderr.strip().replace(str(scratch), bad_input.TMP).replace(str(ROOT) + "/", "")
+    assert (p.returncode, got, p.stdout) == (2, want, "")
+
+
+def test_a_bad_seed_or_an_interrupted_write_leaves_no_tmp_checkpoint(tmp_path, monkeypatch):
+    import safetensors.numpy
+
+    from kit.models import random_checkpoint, resolve_model
+
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    info = resolve_model(MODEL)
+    with pytest.raises(ValueError):
+        random_checkpoint(info, seed=-1)
+    assert not list(tmp_path.rglob("*.tmp*"))
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        random_checkpoint(info, seed=12345)
+    assert not list(tmp_path.rglob("*.tmp*")) and not list(tmp_path.rglob("*seed12345*"))
 
 
 def _t(**kw) -> Topology:

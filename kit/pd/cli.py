@@ -9,7 +9,7 @@ import json
 import sys
 
 from ..command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens,
-                       parse_assignments)
+                       parse_assignments, read_prompts)
 from ..engine import EngineError
 from ..topology import Spec, TopologyError
 from .client import PDError
@@ -47,8 +47,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..compare import load_prompts
-
     if args.concurrency < 1:
         raise TopologyError(f"--concurrency must be >= 1, got {args.concurrency}")
     prod, cons = pd_topologies(args.model, args.producer_pp, Spec.parse(args.producer_spec), args.consumer_pp,
@@ -57,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     check_max_tokens(args.max_tokens, cons.model_len)
     if not args.random and not prod.info.has_trained_weights:
         raise TopologyError(f"model {prod.info.name} ships no trained weights: use random weights (--random)")
-    prompts = load_prompts(args.prompts, limit=args.limit)
+    prompts = read_prompts(args)
     kv_extra = parse_kv_extra(args.kv_extra)
     connector = None if args.connector == "auto" else args.connector
     check_pair(prod, cons, connector, None, {**DEFAULT_KV_EXTRA_CONFIG, **kv_extra})  # refuses what vLLM would

@@ -12,6 +12,7 @@ from ..compare import first_divergence
 from ..engine import GenerationResult, generate
 from ..metrics import SpecCounters
 from ..topology import Topology
+from ..validate import check_count, check_generation
 from .layout import DEFAULT_KV_EXTRA_CONFIG, kv_bytes_expected
 from .pair import PDPair
 
@@ -49,6 +50,8 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     same prompts and reports its spec-decode counters next to the consumer's (``acceptance_vs_colocated``).
     ``kv_extra_config`` adds ``kv_connector_extra_config`` keys for both servers (over the kit's defaults).
     """
+    prompts = check_generation(prompts, max_tokens, timeout)
+    check_count(concurrency, "concurrency")
     # Built first: PDPair checks the pair (models, PP sizes, decode-side rule) before any process starts.
     pair = PDPair(producer, consumer, connector=connector, start_timeout=timeout, log_dir=log_dir, env=env,
                   kv_extra_config={**DEFAULT_KV_EXTRA_CONFIG, **(kv_extra_config or {})})

@@ -141,9 +141,14 @@ def check_pair(producer: Topology, consumer: Topology, connector: str | None = N
                        ("seed", producer.seed, consumer.seed), ("dtype", producer.dtype, consumer.dtype)):
         if a != b:
             raise TopologyError(f"producer and consumer differ in {what} ({a!r} vs {b!r}): the KV would not fit")
+    auto, reason = choose_connector(producer, consumer)  # refuses a PP pairing no connector runs, forced or not
     if connector is None:
-        connector, reason = choose_connector(producer, consumer)
+        connector = auto
     else:
+        if consumer.pp > 1 and connector == "nixl":
+            raise TopologyError(f"a PD consumer with PP={consumer.pp} runs with the push connector only: vLLM 0.32's "
+                                "pull connector (nixl) refuses decode-side PP at start-up; use --connector nixl-push "
+                                "or auto")
         reason = f"requested by the caller ({connector})"
     for t, role in ((producer, "producer"), (consumer, "consumer")):  # decode-side PP + spec rule
         precheck(t.with_(pd_role=role, connector=connector), env, in_pair=True)

@@ -27,6 +27,7 @@ from ..metrics import Counters, block_size_from_metrics
 from ..models import cache_dir
 from ..procs import fatal_log_lines
 from ..topology import Topology, omp_threads_bind
+from ..validate import check_count, check_prompts, check_seconds
 from .client import PDError, get, model_id, post_json, stream_completion
 from .layout import DEFAULT_KV_EXTRA_CONFIG, as_served, check_pair
 
@@ -91,6 +92,8 @@ class PDPair:
                  parallel_start: bool = True, split_cores: bool = True, kv_extra_config: dict | None = None):
         self.kv_extra_config = dict(DEFAULT_KV_EXTRA_CONFIG if kv_extra_config is None else kv_extra_config)
         self.connector, self.connector_reason = check_pair(producer, consumer, connector, env, self.kv_extra_config)
+        check_seconds(start_timeout, "start_timeout")
+        check_seconds(request_timeout, "request_timeout")
         self.producer_topology = producer.with_(pd_role="producer", connector=self.connector)
         self.consumer_topology = consumer.with_(pd_role="consumer", connector=self.connector)
         self.start_timeout = start_timeout
@@ -434,6 +437,8 @@ class PDPair:
         ``concurrency=1``: one at a time, each with its own counter differences. ``>1``: that many threads
         at once; counters are then totals over the batch.
         """
+        prompts = check_prompts(prompts)
+        check_count(concurrency, "concurrency")
         before = self.counters()
         bs = self.block_size or 0
         recs: list[PDRequest]
