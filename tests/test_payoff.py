@@ -151,3 +151,17 @@ def test_breakdown_measures_a_real_engine(no_leftovers):
         # The step period times the steps cannot exceed the measured decode time of the groups.
         assert c["period_s"] * c["steps"] <= len(prompts) * 24 / r["decode_tok_s"] * 1.05
         assert c["timeline"]["stages"][0]["busy"] > 0
+
+
+def test_plots_draw_the_break_even_line_and_the_points():
+    from kit import payoff_plots
+
+    c = {("m", 1, 1): _costs(), ("m", 2, 1): _costs(fixed_spec_s=0.008)}
+    fig = payoff_plots.surface_figure(c, [{"model": "m", "pp": 1, "batch": 1, "k": 2, "acceptance": 0.8,
+                                           "measured": 1.5, "predicted": 1.6}], ks=(1, 2, 3))
+    lines = [t for t in fig.data if t.name == "break-even"]
+    assert len(lines) == 2
+    assert list(lines[0].x) == pytest.approx([c[("m", 1, 1)].break_even(k) for k in (1, 2, 3)])
+    assert [t.text for t in fig.data if t.name == "measured / predicted"] == [("1.50x / 1.60x",)]
+    bars = payoff_plots.bars_figure(c, 0.8, 2).data[0]
+    assert list(bars.y) == pytest.approx([c[key].speedup(0.8, 2) for key in c])
