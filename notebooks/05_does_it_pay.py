@@ -23,7 +23,8 @@
 # (model, PP size, batch).
 #
 # Two models of the same layout (MiMo, one MTP layer): `tiny-mimo` (1.6 M parameters: vLLM's fixed per-step cost
-# dominates its forward) and `mimo-py-18m` (17.8 M parameters trained on Python source: the forward dominates).
+# dominates its forward) and `mimo-py-18m` (17.8 M parameters trained on Python source: its forward is about half
+# of a step).
 
 # %% tags=["parameters"]
 MEASURED_JSON = "../docs/results/bench.json"   # written by the full `kit bench ... --breakdown --write-json`
@@ -103,15 +104,21 @@ if batch4:
     payoff_plots.surface_figure(batch4, preds, title="Predicted speed-up, batch 4").show()
 
 # %% [markdown]
-# **What it shows:** the same acceptance buys very different speed-ups. On `tiny-mimo` a step is mostly fixed cost,
-# so a speculative step is much dearer than a plain one and the break-even a* is high; at PP=2 the speculative
-# step's fixed part grows further. On `mimo-py-18m` the forward dominates, verifying k + 1 tokens costs little more
-# than verifying one, and its measured acceptance sits well inside the paying region.
+# **What it shows:** the break-even a* depends on how much dearer a speculative step is than a plain one. On
+# `tiny-mimo` the forward is a small part of a step (the fixed part dominates); on `mimo-py-18m` the forward is about
+# half of it. On these held-out code prompts both models' measured acceptance lies well above a* at batch 1 (both
+# win there; `tiny-mimo` on its default prompts has lower acceptance, see `docs/results/bench.md`); at PP=2 a* rises
+# because every step pays the stage hand-off and the drafter runs on one stage's core.
 
 # %%
-claim(len(preds) > 0 and all(p["agrees"] for p in preds),
-      f"every measured speed-up lies within ±{BAND:.0%} of the model's prediction",
-      [(p["model"], p["pp"], p["batch"], p["k"], round(p["error"], 3)) for p in preds if not p["agrees"]])
+# Batch 1: every step carries the one request, as the model assumes. At batch 4 a step carries fewer requests
+# whenever a group's requests finish at different steps or (PP=2) the scheduling gate keeps some out of a step;
+# the model then overestimates (the step counts in docs/results/payoff.md show how much), so it is not claimed there.
+b1 = [p for p in preds if p["batch"] == 1]
+claim(len(b1) > 0 and all(p["agrees"] for p in b1),
+      f"batch 1: every measured speed-up lies within ±{BAND:.0%} of the model's prediction",
+      [(p["model"], p["pp"], p["k"], round(p["error"], 3)) for p in b1 if not p["agrees"]])
+print("outside the band:", [(p["model"], p["pp"], p["batch"], p["k"], f"{p['error']:+.0%}") for p in preds if not p["agrees"]])
 by = {(p["model"], p["pp"], p["batch"], p["k"]): p for p in preds}
 m18 = [by[key] for key in by if key[0] == "mimo-py-18m" and key[3] == 2]
 claim(bool(m18) and all(p["measured"] > 1.0 for p in m18),
