@@ -8,17 +8,19 @@ machine, versions and the command (:mod:`kit.results`), replacing that command's
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 from .command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens,
                       parse_assignments, read_prompts)
 from .engine import run as run_engine
 from .procs import leftover_vllm_processes
-from .results import block_key, check_writable, command_line, write_block
+from .results import block_key, check_writable, command_line, versions, write_block
 from .results import machine as _machine_hw
 from .topology import Topology, TopologyError
 from .validate import arg_count
@@ -29,25 +31,215 @@ def machine() -> str:
     return f"{_machine_hw()}, Python {platform.python_version()}"
 
 
+def _groups(prompts: list[str], batch: int) -> list[list[str]]:
+    return [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+
+
 def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | None = None) -> dict:
-    """One fresh engine: start time, TTFT (a 1-token request), decode tokens/s, acceptance, peak RSS."""
-    jobs = [{"kind": "generate", "prompts": prompts[:1], "max_tokens": 1},
-            {"kind": "generate", "prompts": prompts, "max_tokens": max_tokens}]
+    """One fresh engine: start time, TTFT (a 1-token request), decode tokens/s, acceptance, peak RSS
+    (all prompts submitted at once)."""
+    return measure_batches(topo, prompts, max_tokens, env=env)[len(prompts)]
+
+
+def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: dict | None = None,
+                    batches: list[int] | None = None, timing: bool = False) -> dict[int, dict]:
+    """One fresh engine, each batch size in turn: the prompts submitted ``batch`` at a time (one ``generate``
+    call per group, the next after the previous finished), decode tokens/s over all groups.
+
+    ``timing``: the workers record their step spans during each batch size's groups
+    (:func:`kit.workerext.kit_timing_start`), reduced to per-step components (:func:`kit.payoff.step_components`).
+    Returns ``{batch: row}``.
+    """
+    from .payoff import step_components
+
+    batches = batches or [len(prompts)]
+    jobs: list[dict] = [{"kind": "generate", "prompts": prompts[:1], "max_tokens": 1}]
+    for b in batches:
+        if timing:
+            jobs.append({"kind": "rpc", "method": "kit_timing_start"})
+        jobs += [{"kind": "generate", "prompts": g, "max_tokens": max_tokens} for g in _groups(prompts, b)]
+        if timing:
+            jobs.append({"kind": "rpc", "method": "kit_timing_read"})
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     res = run_engine(topo, jobs, env=env)
-    first, full = res["jobs"]
-    spec = full["spec"]
-    n = sum(len(t) for t in full["token_ids"])
-    # Target forwards: one per step; a step emits 1 + accepted tokens per request, so per request
-    # tokens/forward = n / (n - accepted) when every step drafts.
-    acc = spec["num_accepted_tokens"]
-    return {
-        "start_s": res["start_seconds"],
-        "ttft_s": first["seconds"],
-        "decode_tok_s": n / full["seconds"],
-        "mean_accept_len": spec["mean_acceptance_length"],
-        "tokens_per_target_forward": n / max(1, n - acc),
-        "peak_rss_mib": {k: round(v / 2**20) for k, v in res["peak_rss"].items()},
-    }
+    out_jobs = list(res["jobs"])
+    first = out_jobs.pop(0)
+    k = topo.spec.k if topo.spec else 0
+    rows = {}
+    for b in batches:
+        if timing:
+            out_jobs.pop(0)  # kit_timing_start's answer
+        groups = [out_jobs.pop(0) for _ in _groups(prompts, b)]
+        reads = out_jobs.pop(0) if timing else None
+        n = sum(len(t) for g in groups for t in g["token_ids"])
+        drafts = sum(g["spec"]["num_drafts"] for g in groups)
+        acc = sum(g["spec"]["num_accepted_tokens"] for g in groups)
+        # Target forwards: one per step; a step emits 1 + accepted tokens per request, so per request
+        # tokens/forward = n / (n - accepted) when every step drafts.
+        rows[b] = {
+            "started_at": started,
+            "start_s": res["start_seconds"],
+            "ttft_s": first["seconds"],
+            "decode_tok_s": n / sum(g["seconds"] for g in groups),
+            "mean_accept_len": 1 + acc / drafts if drafts else None,
+            "tokens_per_target_forward": n / max(1, n - acc),
+            "peak_rss_mib": {kk: round(v / 2**20) for kk, v in res["peak_rss"].items()},
+            "components": step_components(reads, k, b) if reads else None,
+        }
+    return rows
+
+
+TABLE_HEAD = ["| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd "
+              "| peak RSS MiB (largest process) |",
+              "|---|---|---|---|---|---|---|"]
+
+
+def _describe(label: str, topo: Topology, batch: int | None) -> dict:
+    """What a run record says about its row: model, topology label, PP, spec, k, batch."""
+    return {"model": topo.model, "trained": not topo.random_weights,
+            "topology": label + (f" b{batch}" if batch else ""), "pp": topo.pp,
+            "spec": str(topo.spec) if topo.spec else "none", "k": topo.spec.k if topo.spec else 0, "batch": batch}
+
+
+def save_run(path: str, record: dict) -> None:
+    """Append one engine run (one batch size) to a JSONL file, for ``--from-runs`` to merge later."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def load_runs(paths: str) -> list[dict]:
+    """The run records of comma-separated JSONL files written by ``--save-runs``."""
+    records = []
+    for p in [x for x in paths.split(",") if x]:
+        if not Path(p).is_file():
+            raise TopologyError(f"--from-runs: {p} does not exist")
+        for n, line in enumerate(Path(p).read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    raise TopologyError(f"--from-runs: {p}:{n} is not JSON") from None
+    return records
+
+
+def _summary(vals: list) -> dict | None:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
+
+def aggregate(records: list[dict]) -> list[dict]:
+    """One row per (model, topology) in first-seen order: median/min/max over its engines; the mean step
+    components where the runs were timed (``--breakdown``)."""
+    from .payoff import mean_components
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["model"], r["topology"]), []).append(r)
+    several = len({m for m, _ in groups}) > 1
+    rows = []
+    for (model, label), rs in groups.items():
+        r0 = rs[0]
+        rows.append({
+            "model": model, "trained": r0.get("trained", True), "topology": label,
+            "label": f"{model} {label}" if several else label, "pp": r0["pp"], "spec": r0["spec"], "k": r0["k"],
+            "batch": r0.get("batch"), "runs": len(rs), "started_at": min(r.get("started_at") or "" for r in rs) or None,
+            "start_s": _summary([r["start_s"] for r in rs]), "ttft_s": _summary([r["ttft_s"] for r in rs]),
+            "decode_tok_s": _summary([r["decode_tok_s"] for r in rs]),
+            "mean_accept_len": (_summary([r["mean_accept_len"] for r in rs]) or {}).get("median"),
+            "tokens_per_target_forward": (_summary([r["tokens_per_target_forward"] for r in rs]) or {}).get("median"),
+            "peak_rss_mib": max((max(r["peak_rss_mib"].values(), default=0) for r in rs), default=0),
+            "components": mean_components([r.get("components") for r in rs]),
+        })
+    return rows
+
+
+def _fmt(s: dict | None, fmt: str) -> str:
+    if not s:
+        return "-"
+    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
+
+
+def table_line(row: dict) -> str:
+    """The markdown row of an aggregated row."""
+    mal = row["mean_accept_len"]
+    return (f"| {row['label']} | {_fmt(row['start_s'], '{:.1f}')} | {_fmt(row['ttft_s'], '{:.3f}')} "
+            f"| {_fmt(row['decode_tok_s'], '{:.1f}')} | {'-' if mal is None else f'{mal:.2f}'} "
+            f"| {row['tokens_per_target_forward']:.2f} | {row['peak_rss_mib']} |")
+
+
+def payoff_rows(rows: list[dict]) -> list[dict]:
+    """Aggregated bench rows in the form :func:`kit.payoff.predict` takes (rows without a batch size: batch =
+    all prompts at once is not a fixed batch, they are left out)."""
+    out = []
+    for r in rows:
+        if r.get("batch") and r.get("components") and r["decode_tok_s"]:
+            out.append({"model": r["model"], "pp": r["pp"], "batch": r["batch"], "k": r["k"],
+                        "decode_tok_s": r["decode_tok_s"]["median"], "tokens_per_forward": r["mean_accept_len"] or 1.0,
+                        "components": r["components"], "label": r["label"]})
+    return out
+
+
+def breakdown_lines(rows: list[dict], ks: tuple[int, ...] = (1, 2, 3, 4)) -> list[str]:
+    """The ``--breakdown`` tables: per-step components, predicted against measured speed-up (each row gets its
+    prediction in ``row["payoff"]``), and the break-even acceptance rate per (model, PP, batch) and k."""
+    from .payoff import costs_by_group, predict
+
+    ms = lambda x: f"{1e3 * x:.2f}"  # noqa: E731
+    lines = ["", "Per decode step (mean over the row's engines; ms): the step period on the last rank, the target "
+             "forward summed over the stages (per stage), the later stages' wait for the previous one, the drafter, "
+             "and the rest (fixed = period - forward - draft); per stage the share of the decode window spent in "
+             "forward + draft (busy) and waiting (recv); forward overlap = time two stages computed at once / "
+             "stage 0's forward time.", "",
+             "| topology | steps | period | forward (per stage) | recv | draft | fixed | busy per stage | recv per stage "
+             "| forward overlap |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("components")
+        if not c:
+            continue
+        tl = c.get("timeline") or {}
+        st = tl.get("stages", [])
+        ov = tl.get("forward_overlap")
+        busy = " / ".join(f"{s['busy']:.0%}" for s in st)
+        recv = " / ".join(f"{s['recv']:.0%}" for s in st)
+        lines.append(f"| {r['label']} | {c['steps']:.0f} | {ms(c['period_s'])} | {ms(c['forward_s'])} "
+                     f"({' + '.join(ms(x) for x in c['forward_per_stage_s'])}) | {ms(c['recv_s'])} | {ms(c['draft_s'])} "
+                     f"| {ms(c['fixed_s'])} | {busy} | {recv} | {'-' if ov is None else f'{ov:.0%}'} |")
+    preds = predict(payoff_rows(rows))
+    by_label = {(p["model"], p["pp"], p["batch"], p["k"]): p for p in preds}
+    for r in rows:
+        p = by_label.get((r["model"], r["pp"], r.get("batch"), r["k"]))
+        if p:
+            r["payoff"] = {key: p[key] for key in ("measured", "predicted", "error", "agrees", "acceptance", "break_even")}
+    lines += ["", "Speed-up over no speculation (same model, PP, batch): measured (median decode tok/s ratio) and "
+              "predicted by kit.payoff from the fitted step costs and the row's measured mean acceptance length; "
+              "a = the i.i.d. per-position acceptance rate with that length; a* = break-even rate for that k.", "",
+              "| topology | mean accept len | a | measured | predicted | error | within 15 % | a* |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r.get("payoff")
+        if p:
+            be = "never pays" if p["break_even"] is None else f"{p['break_even']:.2f}"
+            lines.append(f"| {r['label']} | {r['mean_accept_len']:.2f} | {p['acceptance']:.3f} | {p['measured']:.2f}x "
+                         f"| {p['predicted']:.2f}x | {100 * p['error']:+.0f} % | {'yes' if p['agrees'] else 'NO'} | {be} |")
+    costs = costs_by_group(payoff_rows(rows))
+    if costs:
+        lines += ["", "Fitted step costs (ms) and the break-even acceptance rate a* per k (below it speculation "
+                  "loses; 'never' = loses even when every draft is accepted):", "",
+                  "| model | PP | batch | T(0) | fixed no-spec | fixed spec | forward(n) | draft(k) | "
+                  + " | ".join(f"a* k={k}" for k in ks) + " |", "|---" * (8 + len(ks)) + "|"]
+        for (model, pp, batch), c in costs.items():
+            bes = [c.break_even(k) for k in ks]
+            lines.append(f"| {model} | {pp} | {batch} | {ms(c.step_s(0))} | {ms(c.fixed_nospec_s)} | {ms(c.fixed_spec_s)} "
+                         f"| {ms(c.forward_base_s)} + {1e3 * c.forward_per_token_s:.3f} n | {ms(c.draft_base_s)} + "
+                         f"{ms(c.draft_per_token_s)} k | "
+                         + " | ".join("never" if b is None else f"{b:.2f}" for b in bes) + " |")
+            for r in rows:
+                if (r["model"], r["pp"], r.get("batch")) == (model, pp, batch):
+                    r["costs"] = c.to_dict()
+    return lines
+
 
 
 def _tree_rss_mib(proc) -> int:
@@ -186,14 +378,29 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
     p.add_argument("--write", default=None, metavar="FILE",
                    help="also write the table into FILE (e.g. docs/results/bench.md), replacing this command's block")
+    p.add_argument("--batch", default=None, metavar="B[,B...]",
+                   help="batch sizes: the prompts submitted B at a time (each batch size on every engine); default "
+                        "all prompts at once")
+    p.add_argument("--breakdown", action="store_true",
+                   help="time every decode step on every rank and print the step costs, predicted against measured "
+                        "speed-up and the break-even acceptance rate (kit.payoff; needs --batch)")
+    p.add_argument("--json", action="store_true", help="print the rows as one JSON list, the last line of output")
+    p.add_argument("--write-json", default=None, metavar="FILE", help="also write the rows (with header data) to FILE")
+    p.add_argument("--save-runs", default=None, metavar="FILE",
+                   help="append every engine run to FILE (JSONL), for --from-runs")
+    p.add_argument("--from-runs", default=None, metavar="FILE[,FILE...]",
+                   help="start no engine: merge the runs saved with --save-runs into one table")
 
 
 def run(args: argparse.Namespace) -> int:
     from .pd import choose_connector, pd_topologies
 
     argv = list(getattr(args, "argv", None) or [])
-    if args.write and (why := check_writable(args.write)):
-        raise TopologyError(why)
+    for flag, path in (("--write", args.write), ("--write-json", args.write_json), ("--save-runs", args.save_runs)):
+        if path and (why := check_writable(path)):
+            raise TopologyError(why.replace("--write", flag, 1))
+    if args.breakdown and not args.batch and not args.from_runs:
+        raise TopologyError("--breakdown needs --batch (the step model is per batch size), e.g. --batch 1,4")
     pd_cases = parse_pd_cases(args.pd)
     extra_env = parse_assignments(args.env, "--env")
     prompts = read_prompts(args)
@@ -204,7 +411,7 @@ def run(args: argparse.Namespace) -> int:
 
     def write() -> None:
         if args.write:
-            write_block(args.write, block_key("kit bench", argv, skip=("--write", "--force")), "\n".join(out),
+            write_block(args.write, block_key("kit bench", argv, skip=("--write", "--force", "--json", "--write-json", "--save-runs")), "\n".join(out),
                         command_line("kit bench", argv), when=started, title="Benchmarks")
 
     if args.patch_overhead:
@@ -213,69 +420,85 @@ def run(args: argparse.Namespace) -> int:
                                   args.max_tokens, args.repeats, extra_env, out=out)
         write()
         return rc
+    batches = _ints(args.batch, "--batch") if args.batch else None
+    if batches and any(b < 1 for b in batches):
+        raise TopologyError(f"--batch sizes must be >= 1, got {args.batch!r}")
+    timing = args.breakdown
     cases = []
-    for pp in ([] if args.only_extras else _ints(args.pp, "--pp")):
+    for pp in ([] if args.only_extras or args.from_runs else _ints(args.pp, "--pp")):
         for spec in args.spec.split(","):
             cases.append((f"pp{pp} {spec}", Topology(**common, pp=pp, spec=None if spec == "none" else spec,
                                                      enforce_eager=not args.compiled), None))
-    if args.patch_cost:
+    if args.patch_cost and not args.from_runs:
         for pp in _ints(args.patch_cost_pp, "--patch-cost-pp"):
             t = Topology(**common, pp=pp, enforce_eager=not args.compiled)
             cases.append((f"pp{pp} none [patches on]", t, {"KIT_PATCHES": "all"}))
             # Stock vLLM cannot run eager PP=2 at all (intermediate buffers): keep that one fix.
             off = "eager_pp_intermediate_buffers" if pp > 1 and not args.compiled else "none"
             cases.append((f"pp{pp} none [KIT_PATCHES={off}]", t, {"KIT_PATCHES": off}))
-    if args.startup:
+    if args.startup and not args.from_runs:
         for eager in (True, False):
             t = Topology(**common, pp=2, enforce_eager=eager)
             cases.append((f"pp2 none [{'eager' if eager else 'compiled'}]", t, None))
-    for ppp, pspec, cpp, cspec in pd_cases:
+    for ppp, pspec, cpp, cspec in ([] if args.from_runs else pd_cases):
         p, c = pd_topologies(args.model, ppp, pspec, cpp, cspec, random_weights=args.random, seed=args.seed,
                              dtype=args.dtype)
         conn = choose_connector(p, c)[0]
         cases.append((f"PD pp{ppp} {pspec or 'none'} -> pp{cpp} {cspec or 'none'} [{conn}]", (p, c), None))
-    _refuse_if_busy(args.force)
+    if args.from_runs:
+        records = load_runs(args.from_runs)
+        what = f"merged from {args.from_runs}: {len(records)} engine runs"
+    else:
+        _refuse_if_busy(args.force)
+        what = (f"model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
+                f"{args.max_tokens} tokens, "
+                + (f"batch {args.batch} (prompts submitted that many at a time), " if batches else "")
+                + f"{'compiled' if args.compiled else 'eager'}, median (min–max) of {args.repeats}")
+        records = []
     print(f"# kit bench — {time.strftime('%Y-%m-%d')} — {machine()}")
     if extra_env:
         print(f"# extra environment: {extra_env}")
-    what = (f"model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
-            f"{args.max_tokens} tokens, {'compiled' if args.compiled else 'eager'}, "
-            f"median (min–max) of {args.repeats}")
     print(f"# {what}\n")
-    out += [what + (f"; extra environment {extra_env}" if extra_env else ""), "",
-            "| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd "
-            "| peak RSS MiB (largest process) |",
-            "|---|---|---|---|---|---|---|"]
+    out += [what + (f"; extra environment {extra_env}" if extra_env else ""), "", *TABLE_HEAD]
     print("\n".join(out[2:]))
     # Round-robin over the cases (repeat 1 of every case, then repeat 2, ...): slow drifts of a shared
     # machine then hit every case alike instead of whichever ran last.
-    runs: dict[str, list[dict]] = {label: [] for label, _, _ in cases}
     failed: dict[str, str] = {}
-    for rep in range(args.repeats):
+    for rep in range(0 if args.from_runs else args.repeats):
         for label, topo, env in cases:
             if label in failed:
                 continue
             try:
                 if isinstance(topo, tuple):
-                    runs[label].append(measure_pd(*topo, prompts, args.max_tokens))
+                    records.append({**_describe(label, topo[1], None), **measure_pd(*topo, prompts, args.max_tokens)})
                 else:
-                    runs[label].append(measure(topo, prompts, args.max_tokens, env={**(env or {}), **extra_env} or None))
+                    env = {**(env or {}), **extra_env} or None
+                    per_batch = measure_batches(topo, prompts, args.max_tokens, env=env, batches=batches, timing=timing)
+                    for b, r in per_batch.items():
+                        records.append({**_describe(label, topo, b if batches else None), **r})
+                        if args.save_runs:
+                            save_run(args.save_runs, records[-1])
             except Exception as e:  # noqa: BLE001 - a failed case is a row
                 failed[label] = str(e).splitlines()[0][:100]
             print(f"[bench] {label} repeat {rep + 1}: {'failed' if label in failed else 'ok'}", file=sys.stderr, flush=True)
-    for label, _, _ in cases:
-        rs = runs[label]
-        if label in failed:
-            out.append(f"| {label} | failed: {failed[label]} |||||| ")
-            print(out[-1], flush=True)
-        if not rs:
-            continue
-        rss = max((max(r["peak_rss_mib"].values(), default=0) for r in rs), default=0)
-        out.append(f"| {label} | {_stat([r['start_s'] for r in rs], '{:.1f}')} | {_stat([r['ttft_s'] for r in rs], '{:.3f}')} "
-                   f"| {_stat([r['decode_tok_s'] for r in rs], '{:.1f}')} | {_stat([r['mean_accept_len'] for r in rs])} "
-                   f"| {_stat([r['tokens_per_target_forward'] for r in rs])} | {rss} |")
+    for label, why in failed.items():
+        out.append(f"| {label} | failed: {why} |||||| ")
         print(out[-1], flush=True)
+    rows = aggregate(records)
+    for r in rows:
+        out.append(table_line(r))
+        print(out[-1], flush=True)
+    if args.breakdown:
+        lines = breakdown_lines(rows)
+        print("\n".join(lines), flush=True)
+        out += lines
+    if args.write_json:
+        Path(args.write_json).write_text(json.dumps(
+            {"command": command_line("kit bench", argv), "measured_at": started.isoformat(timespec="seconds"),
+             "machine": _machine_hw(), "versions": versions(), "what": what, "rows": rows}, indent=1) + "\n")
     write()
+    if args.json:
+        print(json.dumps(rows))
     return 0
 
 

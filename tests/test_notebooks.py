@@ -15,6 +15,7 @@ CI_PARAMS = {
     "01_drafter_placement": dict(PP_SIZES=[2, 4]),
     "03_draft_acceptance": dict(KS=[1, 2], PP_SIZES=[1, 2], NUM_PROMPTS=4, MAX_TOKENS=32),
     "04_pd_kv_handoff": dict(NUM_PROMPTS=2, MAX_TOKENS=16),
+    "05_does_it_pay": dict(NUM_PROMPTS=3, MAX_TOKENS=64),
 }
 
 

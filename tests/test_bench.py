@@ -1,0 +1,71 @@
+"""kit bench's rows: merging saved runs, the JSON last line, the breakdown tables, bad input (no engine here;
+the measurement path runs a real engine in tests/test_payoff.py)."""
+import json
+
+import pytest
+
+from kit.cli import main
+
+
+def _record(model, pp, k, batch, tok_s, length, period, fwd, draft, started="2026-12-02T05:00:00+00:00"):
+    return {"model": model, "trained": True, "topology": f"pp{pp} {'mtp:%d' % k if k else 'none'} b{batch}", "pp": pp,
+            "spec": f"mtp:{k}" if k else "none", "k": k, "batch": batch, "started_at": started, "start_s": 25.0,
+            "ttft_s": 0.02, "decode_tok_s": tok_s, "mean_accept_len": length if k else None,
+            "tokens_per_target_forward": length, "peak_rss_mib": {"1": 1800},
+            "components": {"forward_s": fwd, "forward_per_stage_s": [fwd], "recv_s": 0.0, "draft_s": draft,
+                           "period_s": period, "fixed_s": period - fwd - draft, "steps": 100,
+                           "timeline": {"stages": [{"pp_rank": 0, "busy": 0.8, "recv": 0.0, "idle": 0.2}],
+                                        "forward_overlap": None}}}
+
+
+def _runs(tmp_path):
+    # Two engines per row; a model whose step costs 10 ms + 1 ms per verified token + 1 ms per draft token.
+    lines = []
+    for rep, jitter in ((0, 1.0), (1, 1.02)):
+        for k, length in ((0, 1.0), (1, 1.8), (2, 2.5)):
+            period = 0.002 + 0.008 + 0.001 * (k + 1) + 0.001 * k + (0.001 if k else 0)
+            lines.append(_record("m", 1, k, 1, jitter * length / period, length, period, 0.008 + 0.001 * (k + 1), 0.001 * k))
+    p = tmp_path / "runs.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return p
+
+
+def test_from_runs_json_is_the_last_line(tmp_path, capsys):
+    p = _runs(tmp_path)
+    out_json = tmp_path / "bench.json"
+    assert main(["bench", "--from-runs", str(p), "--breakdown", "--json", "--write-json", str(out_json)]) == 0
+    text = capsys.readouterr().out.strip().splitlines()
+    rows = json.loads(text[-1])
+    assert [r["topology"] for r in rows] == ["pp1 none b1", "pp1 mtp:1 b1", "pp1 mtp:2 b1"]
+    for r in rows:
+        assert r["runs"] == 2 and r["batch"] == 1 and r["pp"] == 1
+        assert r["decode_tok_s"]["min"] <= r["decode_tok_s"]["median"] <= r["decode_tok_s"]["max"]
+        assert {"topology", "pp", "spec", "batch", "decode_tok_s", "mean_accept_len", "tokens_per_target_forward",
+                "start_s", "started_at"} <= set(r)
+    # The synthetic runs follow the model exactly: the prediction agrees.
+    assert rows[2]["payoff"]["agrees"] and abs(rows[2]["payoff"]["error"]) < 0.02
+    assert 0 < rows[1]["payoff"]["break_even"] < 1
+    assert any(line.startswith("| pp1 mtp:2 b1 |") and "yes" in line for line in text)
+    saved = json.loads(out_json.read_text())
+    assert saved["rows"][0]["topology"] == "pp1 none b1" and "command" in saved and "machine" in saved
+
+
+def test_several_models_are_named_in_the_rows(tmp_path, capsys):
+    p = _runs(tmp_path)
+    q = tmp_path / "other.jsonl"
+    q.write_text(p.read_text().replace('"model": "m"', '"model": "n"'))
+    assert main(["bench", "--from-runs", f"{p},{q}", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["label"] for r in rows][:2] == ["m pp1 none b1", "m pp1 mtp:1 b1"] and len(rows) == 6
+
+
+@pytest.mark.parametrize("argv", [
+    ["--breakdown"],                          # needs --batch
+    ["--batch", "0"],
+    ["--batch", "1,x"],
+    ["--from-runs", "/nonexistent/runs.jsonl"],
+    ["--save-runs", "/nonexistent/dir/runs.jsonl"],
+])
+def test_bad_input_exits_2(argv, capsys):
+    assert main(["bench", *argv, "--force"]) == 2
+    assert "error" in capsys.readouterr().err
