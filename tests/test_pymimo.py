@@ -117,7 +117,7 @@ def test_checkpoint_layout_size_and_manifest():
 
     cfg = json.loads((MODEL_DIR / "config.json").read_text())
     assert cfg["architectures"] == ["MiMoForCausalLM"] and cfg["num_nextn_predict_layers"] == 1
-    mc = config.model_config_from_hf(cfg)
+    mc = config.ModelConfig.from_hf(cfg)
     assert mc == config.MIMO_PY_PRESET
     expected = {k: list(v.shape) for k, v in TinyMiMo(mc).state_dict().items()}
     with safe_open(str(MODEL_DIR / "model.safetensors"), framework="pt") as f:

@@ -36,7 +36,7 @@ def test_checkpoint_names_and_shapes_match_pytorch_model():
     assert cfg["hidden_size"] // cfg["num_attention_heads"] in (64, 128)
     assert cfg["tie_word_embeddings"] is False
 
-    mc = config.model_config_from_hf(cfg)
+    mc = config.ModelConfig.from_hf(cfg)
     model = TinyMiMo(mc)
     expected = {k: list(v.shape) for k, v in model.state_dict().items()}
     with safe_open(str(MODEL_DIR / "model.safetensors"), framework="pt") as f:

@@ -107,10 +107,10 @@ def build_model(cfg: dict, **kwargs):
     """An untrained PyTorch model for a ``config.json`` (MiMo or dense DeepSeek-V3)."""
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch == "MiMoForCausalLM":
-        from .config import model_config_from_hf
+        from .config import ModelConfig
         from .mimo import TinyMiMo
 
-        return TinyMiMo(model_config_from_hf(cfg))
+        return TinyMiMo(ModelConfig.from_hf(cfg))
     if arch == "DeepseekV3ForCausalLM":
         from .config import DSConfig
         from .deepseek import TinyDeepseekV3

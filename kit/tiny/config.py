@@ -6,12 +6,12 @@ bottom are the recipes the shipped checkpoints were trained with (changing one c
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from ..models import MODELS_DIR, PROMPTS_DIR, REPO_ROOT
 
 __all__ = ["REPO_ROOT", "MODELS_DIR", "PROMPTS_DIR", "BOS", "EOS", "PAD", "SPECIAL_TOKENS", "BOS_ID", "EOS_ID",
-           "PAD_ID", "ModelConfig", "DSConfig", "TrainConfig", "hf_config", "model_config_from_hf",
+           "PAD_ID", "ModelConfig", "DSConfig", "TrainConfig", "hf_config",
            "tiny_mimo_config", "tiny_deepseek_config", "MIMO_PY_PRESET", "mimo_py_config"]
 
 # tiny-mimo's tokenizer (mimo-py-18m copies it): ids 0, 1, 2.
@@ -23,43 +23,53 @@ BOS_ID, EOS_ID, PAD_ID = 0, 1, 2
 
 
 @dataclass
-class ModelConfig:
-    """``MiMoForCausalLM``: Qwen2 decoder layers plus ``num_nextn_predict_layers`` MTP layers."""
+class _ArchConfig:
+    """What both architectures share, with ``from_hf``: the fields read from a ``config.json``."""
 
     vocab_size: int = 2048
     hidden_size: int = 128
     intermediate_size: int = 384
     num_hidden_layers: int = 4
     num_attention_heads: int = 2  # head_dim 64 (the CPU attention backend supports 32..512)
-    num_key_value_heads: int = 2
     max_position_embeddings: int = 2048
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     num_nextn_predict_layers: int = 1
 
+    @classmethod
+    def from_hf(cls, c: dict):
+        rope = c.get("rope_parameters") or {}
+        return cls(**{f.name: type(f.default)(c[f.name]) for f in fields(cls)
+                      if f.name in c and f.name != "rope_theta"},
+                   rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))))
+
+
+@dataclass
+class ModelConfig(_ArchConfig):
+    """``MiMoForCausalLM``: Qwen2 decoder layers plus ``num_nextn_predict_layers`` MTP layers."""
+
+    num_key_value_heads: int = 2
+
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    @classmethod
+    def from_hf(cls, c: dict) -> "ModelConfig":
+        return super().from_hf({"num_key_value_heads": c["num_attention_heads"], **c})
+
 
 @dataclass
-class DSConfig:
+class DSConfig(_ArchConfig):
     """``DeepseekV3ForCausalLM`` with dense layers (MLA attention with q LoRA) and its MTP layer."""
 
-    vocab_size: int = 2048
-    hidden_size: int = 128
     intermediate_size: int = 256
-    num_hidden_layers: int = 4
     num_attention_heads: int = 4
     q_lora_rank: int = 64
     kv_lora_rank: int = 512
     qk_nope_head_dim: int = 32
     qk_rope_head_dim: int = 64
     v_head_dim: int = 32
-    max_position_embeddings: int = 2048
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-6
-    num_nextn_predict_layers: int = 1
 
     @classmethod
     def from_hf(cls, c: dict) -> "DSConfig":
@@ -67,9 +77,7 @@ class DSConfig:
         if rope.get("rope_type", "default") != "default" or c.get("n_routed_experts") and \
                 c.get("first_k_dense_replace", 0) <= c["num_hidden_layers"]:
             raise ValueError("only default RoPE and all-dense layers (incl. the MTP layer) are implemented")
-        return cls(**{k: type(getattr(cls, k))(c[k]) for k in cls.__dataclass_fields__
-                      if k in c and k != "rope_theta"},
-                   rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))))
+        return super().from_hf(c)
 
 
 @dataclass
@@ -131,23 +139,6 @@ def hf_config(mc: ModelConfig) -> dict:
         "torch_dtype": "float32",
         "dtype": "float32",
     }
-
-
-def model_config_from_hf(cfg: dict) -> ModelConfig:
-    """The :class:`ModelConfig` of a MiMo ``config.json``."""
-    rope = cfg.get("rope_parameters") or {}
-    return ModelConfig(
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_hidden_layers=int(cfg["num_hidden_layers"]),
-        num_attention_heads=int(cfg["num_attention_heads"]),
-        num_key_value_heads=int(cfg.get("num_key_value_heads", cfg["num_attention_heads"])),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        num_nextn_predict_layers=int(cfg.get("num_nextn_predict_layers", 1)),
-    )
 
 
 # -- the shipped recipes ----------------------------------------------------------------------------

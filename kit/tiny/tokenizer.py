@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from .config import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_TOKENS
 
@@ -15,9 +15,18 @@ QWEN2_PRETOKENIZE_REGEX = (
 )
 
 
+def bpe_trainer(vocab_size: int, special_tokens: Sequence[str]):
+    """The byte-level BPE trainer of every tokenizer the kit trains (the tiny models' and the zoo's): the 256
+    byte symbols first, the special tokens at ids 0.., merges seen at least twice."""
+    from tokenizers import pre_tokenizers, trainers
+
+    return trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=list(special_tokens),
+                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+
+
 def build_tokenizer(texts: Iterable[str], vocab_size: int):
     """Byte-level BPE (GPT-2 style pre-tokenizer), deterministic for a given text sequence."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     tok = Tokenizer(models.BPE())
     # The same normalizer / pre-tokenizer / decoder that transformers' Qwen2Tokenizer builds: with
@@ -29,14 +38,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(texts, trainer=bpe_trainer(vocab_size, SPECIAL_TOKENS))
     assert tok.token_to_id(BOS) == BOS_ID and tok.token_to_id(EOS) == EOS_ID
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, BOS_ID)]
