@@ -17,12 +17,12 @@ from .command import Parser, add_command
 from .models import ModelError
 from .topology import TopologyError
 
-# Subcommands whose arguments go, unparsed, to a module's own ``main(argv)``.
+# Subcommands whose arguments go, unparsed, to a module's own ``main(argv)``, after the words given here.
+TINY_MODELS = ("tiny-mimo", "tiny-deepseek", "mimo-py-18m")
 _DELEGATED = {
-    ("train", "tiny-mimo"): "kit.tinymodel",
-    ("train", "tiny-deepseek"): "kit.tinydeepseek",
-    ("zoo", None): "kit.zoo",
-    ("zoo-status", None): "kit.zoo_status",
+    **{("train", m): ("kit.tiny.cli", ["train", m]) for m in TINY_MODELS},
+    ("zoo", None): ("kit.zoo", []),
+    ("zoo-status", None): ("kit.zoo_status", []),
 }
 
 
@@ -81,8 +81,8 @@ def cmd_doctor(args) -> int:
 
 
 def _delegate(args: argparse.Namespace, rest: list[str]) -> int:
-    module = _DELEGATED[(args.cmd, getattr(args, "model", None))]
-    return importlib.import_module(module).main(rest) or 0
+    module, words = _DELEGATED[(args.cmd, getattr(args, "model", None))]
+    return importlib.import_module(module).main(words + rest) or 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.register(sub)
     report.register(sub)
     # add_help=False: -h/--help reach the module's own parser.
-    t = sub.add_parser("train", add_help=False, help="train a tiny checkpoint: tiny-mimo (kit.tinymodel: also its "
-                       "parity/acceptance checks) or tiny-deepseek (kit.tinydeepseek); the rest goes to its parser")
-    t.add_argument("model", metavar="MODEL", choices=["tiny-mimo", "tiny-deepseek"])
+    t = sub.add_parser("train", add_help=False, help="train a tiny model (python -m kit.tiny train MODEL: "
+                       f"{', '.join(TINY_MODELS)}); the rest goes to its parser")
+    t.add_argument("model", metavar="MODEL", choices=TINY_MODELS)
     t.set_defaults(func=_delegate, prog=t.prog, delegated=True)
     for name, text in (("zoo", "write the tiny model zoo's configs and tokenizers (kit.zoo)"),
                        ("zoo-status", "probe which zoo families vLLM starts at PP=1 with their drafter (kit.zoo_status)")):

@@ -14,10 +14,12 @@ import os
 import socket
 import tempfile
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
+
+from .httpclient import client
 from .metrics import SpecCounters
 from .models import cache_dir
 from .patches import ENV_LOG
@@ -321,12 +323,10 @@ class Server:
                 status.poll()
                 if not self.proc.alive():
                     raise self.proc.fail(f"exited with code {self.proc.popen.returncode} during start-up")
-                healthy = False
                 try:
-                    with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                        healthy = r.status == 200
-                except Exception:
-                    pass
+                    healthy = client().get(self.url + "/health", timeout=2).status_code == 200
+                except httpx.HTTPError:  # not listening yet, or busy starting
+                    healthy = False
                 if healthy:
                     try:
                         _check_patch_log(self.topology, env[ENV_LOG])
@@ -364,8 +364,7 @@ class Server:
         self.stop()
 
     def post(self, path: str, body: dict, headers: dict | None = None, timeout: float = 120.0) -> dict:
-        data = json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+        """POST a JSON body and return the JSON answer (``httpx.HTTPStatusError`` on an HTTP error)."""
+        r = client().post(self.url + path, json=body, headers=headers or {}, timeout=timeout)
+        r.raise_for_status()
+        return r.json()

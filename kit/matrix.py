@@ -94,13 +94,13 @@ for pp in (1, 2, 4):
 # Against the PP=2 no-spec engine: isolates speculation from what PP alone does to bf16 near-ties.
 CELLS.append(Cell("tiny-qwen3_5", True, 2, "mtp:2", ref_pp=2))
 CELLS.append(Cell("tiny-qwen3_5", True, 2, "ngram:2", ref_pp=2))
-# Trained DeepSeek-V3 (kit/tinydeepseek.py, data/models/README.md): PP=1 with speculation is the acceptance
+# Trained DeepSeek-V3 (kit/tiny/deepseek.py, data/models/README.md): PP=1 with speculation is the acceptance
 # baseline for the PP=2 and PP=4 cells.
 for k in (1, 2, 3):
     for pp in (1, 2, 4):
         if k == 2 or pp in (1, 2):
             CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, f"mtp:{k}"))
-# mimo-py-18m (kit/pymimo.py): the larger trained MiMo, same vLLM classes as tiny-mimo, PP 1/2/4 x MTP k 1..3.
+# mimo-py-18m (kit/tiny/trainers.py): the larger trained MiMo, same vLLM classes as tiny-mimo, PP 1/2/4 x MTP k 1..3.
 # Not in the CI subset: it exercises no code path that tiny-mimo's fast cells do not, at several times the cost.
 for k in (1, 2, 3):
     for pp in (1, 2, 4):

@@ -449,20 +449,15 @@ def tokenizer_corpus() -> list[str]:
 
 def train_tokenizer():
     """A byte-level BPE (``tokenizers``), vocab ``VOCAB_SIZE`` including the special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    from .tiny.tokenizer import bpe_trainer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(tokenizer_corpus(), trainer=trainer)
+    tok.train_from_iterator(tokenizer_corpus(), trainer=bpe_trainer(VOCAB_SIZE, SPECIAL_TOKENS))
     return tok
 
 

@@ -13,13 +13,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from kit import pycorpus, pymimo  # noqa: E402
-from kit import tinymodel as tm  # noqa: E402
+from kit.compare import load_prompts  # noqa: E402
+from kit.tiny import checkpoint, config, pycorpus, trainers  # noqa: E402
+from kit.tiny.mimo import TinyMiMo  # noqa: E402
 
-MODEL_DIR = REPO / "data" / "models" / pymimo.NAME
+NAME = "mimo-py-18m"
+MODEL_DIR = trainers.MIMO_PY_DIR
 HELDOUT_PROMPTS = REPO / "data" / "prompts" / "pycode-heldout.jsonl"
 needs_model = pytest.mark.skipif(not (MODEL_DIR / "model.safetensors").exists(),
-                                 reason=f"data/models/{pymimo.NAME} has no model.safetensors")
+                                 reason=f"data/models/{NAME} has no model.safetensors")
 
 CODE = "import os\n\n\ndef f{i}(x):\n    if x > {i}:\n        return os.path.join(str(x), 'a')\n    return x * {i}\n" * 3
 
@@ -74,11 +76,11 @@ def test_heldout_prompt_file_is_from_heldout_code():
     for r in rows:
         assert pycorpus.is_heldout(r["sha256"]), r["source"]
         assert r["prompt"].lstrip().startswith("def ") and r["prompt"].endswith("\n")
-    assert not {r["prompt"] for r in rows} & set(tm.read_prompts(tm.PROMPTS_DIR / "default.jsonl"))
+    assert not {r["prompt"] for r in rows} & set(load_prompts(config.PROMPTS_DIR / "default.jsonl"))
 
 
 def test_trainer_imports_no_vllm():
-    code = "import sys, kit.pymimo, kit.pycorpus; print('vllm' in sys.modules)"
+    code = "import sys, kit.tiny.trainers, kit.tiny.pycorpus, kit.tiny.cli; print('vllm' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-2000:]
 
@@ -91,7 +93,7 @@ def test_quick_cpu_training_is_deterministic_and_shards_merge(tmp_path):
     pycorpus.write_pack(docs, pack, stats, sources, 10**9)
 
     def run(out: Path, *extra: str) -> dict:
-        subprocess.run([sys.executable, "-m", "kit.pymimo", "train", "--quick", "--corpus", str(pack), "--out", str(out),
+        subprocess.run([sys.executable, "-m", "kit.tiny", "train", NAME, "--quick", "--corpus", str(pack), "--out", str(out),
                         *extra], cwd=REPO, check=True, timeout=300, capture_output=True)
         return json.loads((out / "manifest.json").read_text())
 
@@ -101,10 +103,10 @@ def test_quick_cpu_training_is_deterministic_and_shards_merge(tmp_path):
     assert [h["trunk"] for h in a["loss_history"]] == [h["trunk"] for h in b["loss_history"]]
     assert not (tmp_path / "b" / "model.safetensors").exists()
     assert len(list((tmp_path / "b").glob("model-*.safetensors"))) > 1
-    assert pymimo.merge(tmp_path / "b") == a["model_safetensors_sha256"] == tm._sha256(tmp_path / "a" / "model.safetensors")
+    assert checkpoint.merge(tmp_path / "b") == a["model_safetensors_sha256"] == checkpoint.sha256_file(tmp_path / "a" / "model.safetensors")
     assert not list((tmp_path / "b").glob("model-*.safetensors"))
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (REPO / "data/models/tiny-mimo/tokenizer.json").read_bytes()
-    tm.load_model(tmp_path / "b")  # strict load of the merged file
+    checkpoint.load_model(tmp_path / "b")  # strict load of the merged file
 
 
 @needs_model
@@ -115,20 +117,20 @@ def test_checkpoint_layout_size_and_manifest():
 
     cfg = json.loads((MODEL_DIR / "config.json").read_text())
     assert cfg["architectures"] == ["MiMoForCausalLM"] and cfg["num_nextn_predict_layers"] == 1
-    mc = tm.model_config_from_hf(cfg)
-    assert mc == pymimo.PRESET
-    expected = {k: list(v.shape) for k, v in tm.TinyMiMo(mc).state_dict().items()}
+    mc = config.ModelConfig.from_hf(cfg)
+    assert mc == config.MIMO_PY_PRESET
+    expected = {k: list(v.shape) for k, v in TinyMiMo(mc).state_dict().items()}
     with safe_open(str(MODEL_DIR / "model.safetensors"), framework="pt") as f:
         stored = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
         assert {str(f.get_slice(k).get_dtype()) for k in f.keys()} == {"BF16"}
     assert stored == expected == json.loads((MODEL_DIR / "weights.json").read_text())["tensors"]
     assert sum(p.stat().st_size for p in MODEL_DIR.iterdir()) <= 40 * 10**6
     m = json.loads((MODEL_DIR / "manifest.json").read_text())
-    assert m["model_safetensors_sha256"] == tm._sha256(MODEL_DIR / "model.safetensors")
+    assert m["model_safetensors_sha256"] == checkpoint.sha256_file(MODEL_DIR / "model.safetensors")
     assert m["num_parameters"] == sum(math.prod(s) for s in expected.values()) == 17_811_840
-    for f in pymimo.TOKENIZER_FILES:
-        assert (MODEL_DIR / f).read_bytes() == (pymimo.TOKENIZER_FROM / f).read_bytes(), f
-    info = resolve_model(pymimo.NAME)
+    for f in trainers.TOKENIZER_FILES:
+        assert (MODEL_DIR / f).read_bytes() == (trainers.TINY_MIMO_DIR / f).read_bytes(), f
+    info = resolve_model(NAME)
     assert info.has_trained_weights and info.num_layers == 8 and info.num_mtp_layers == 1
 
 
@@ -136,7 +138,7 @@ def test_checkpoint_layout_size_and_manifest():
 @needs_model
 def test_parity_with_vllm(tmp_path):
     out = tmp_path / "parity.json"
-    r = subprocess.run([sys.executable, "-m", "kit.tinymodel", "parity", "--model", str(MODEL_DIR),
+    r = subprocess.run([sys.executable, "-m", "kit.tiny", "parity", "--model", str(MODEL_DIR),
                         "--prompts", str(HELDOUT_PROMPTS), "--n", "2", "--max-tokens", "32", "--json", str(out)],
                        cwd=REPO, timeout=1200, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
@@ -148,7 +150,7 @@ def test_parity_with_vllm(tmp_path):
 @needs_model
 def test_mtp_k1_acceptance_on_heldout_code(tmp_path):
     out = tmp_path / "acc.json"
-    r = subprocess.run([sys.executable, "-m", "kit.tinymodel", "acceptance", "--model", str(MODEL_DIR),
+    r = subprocess.run([sys.executable, "-m", "kit.tiny", "acceptance", "--model", str(MODEL_DIR),
                         "--prompts", str(HELDOUT_PROMPTS), "--k", "1", "--max-tokens", "64", "--json", str(out)],
                        cwd=REPO, timeout=1800, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
@@ -164,7 +166,7 @@ def test_matrix_pp_sizes_accept_the_same_drafts(k):
     """PP=1/2/4 with MTP k: token-identical to the PP=1 no-spec reference, and the same acceptance counters."""
     from kit.matrix import CELLS, run_cell
 
-    cells = [c for c in CELLS if c.model == pymimo.NAME and c.spec == f"mtp:{k}"]
+    cells = [c for c in CELLS if c.model == NAME and c.spec == f"mtp:{k}"]
     assert sorted(c.pp for c in cells) == [1, 2, 4]
     results = [run_cell(c).to_dict() for c in cells]
     assert all(d["identical"] for d in results), [d["first_divergence"] for d in results]

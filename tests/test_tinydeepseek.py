@@ -13,18 +13,22 @@ if str(REPO) not in sys.path:
 
 torch = pytest.importorskip("torch")
 
-from kit import tinydeepseek as td  # noqa: E402
-from kit import tinymodel as tm  # noqa: E402
+from kit.tiny import checkpoint, trainers  # noqa: E402
+from kit.tiny import deepseek as td  # noqa: E402
+from kit.tiny.config import DSConfig  # noqa: E402
+from kit.tiny.layers import InterleavedRotary  # noqa: E402
+from kit.tiny.tokenizer import encode_prompt  # noqa: E402
+from kit.tiny.train import compute_losses  # noqa: E402
 
 ZOO = REPO / "data" / "models" / "tiny-deepseek-v3"
-TRAINED = td.DEFAULT_OUT
+TRAINED = trainers.TINY_DEEPSEEK_DIR
 needs_trained = pytest.mark.skipif(not (TRAINED / "model.safetensors").exists(),
                                    reason="data/models/tiny-deepseek-v3-trained has no model.safetensors")
 
 
 def _zoo_model(seed: int = 0) -> td.TinyDeepseekV3:
     torch.manual_seed(seed)
-    m = td.TinyDeepseekV3(td.DSConfig.from_hf(json.loads((ZOO / "config.json").read_text())))
+    m = td.TinyDeepseekV3(DSConfig.from_hf(json.loads((ZOO / "config.json").read_text())))
     m.init_weights(seed)
     return m.eval()
 
@@ -54,7 +58,7 @@ def test_forward_shapes_and_determinism():
 
 
 def test_interleaved_rope_is_pairwise_and_relative():
-    rot = td.InterleavedRotary(8, 64, 10000.0)
+    rot = InterleavedRotary(8, 64, 10000.0)
     x = torch.randn(1, 1, 1, 8)
     y = rot(x, torch.tensor([[5]]))
     # GPT-J style: each adjacent pair keeps its norm
@@ -79,7 +83,7 @@ def test_mtp_input_order_and_position_zero_mask():
 
 
 def test_no_q_rope_keeps_rows_zero_and_makes_rope_irrelevant():
-    c = td.DSConfig.from_hf(json.loads((ZOO / "config.json").read_text()))
+    c = DSConfig.from_hf(json.loads((ZOO / "config.json").read_text()))
     m = td.TinyDeepseekV3(c, q_rope=False)
     m.init_weights(0)
     a = m.model.layers[0].self_attn
@@ -91,7 +95,7 @@ def test_no_q_rope_keeps_rows_zero_and_makes_rope_irrelevant():
     assert not q[..., a.nope:].any()
     q2, _, _ = a.qkv(x, torch.arange(5) + 7)  # positions change nothing in the scores
     assert torch.equal(q, q2)
-    loss = tm.compute_losses(m.train(), torch.randint(0, 2048, (1, 11)))["trunk"]
+    loss = compute_losses(m.train(), torch.randint(0, 2048, (1, 11)))["trunk"]
     loss.backward()
     assert not a.q_b_proj.weight.grad.view(a.nh, a.hd, -1)[:, a.nope:].any()
 
@@ -99,27 +103,27 @@ def test_no_q_rope_keeps_rows_zero_and_makes_rope_irrelevant():
 def test_training_losses_run_on_the_model():
     m = _zoo_model()
     batch = torch.randint(0, 2048, (2, 19), generator=torch.Generator().manual_seed(1))
-    losses = tm.compute_losses(m.train(), batch)
+    losses = compute_losses(m.train(), batch)
     assert set(losses) == {"trunk", "mtp", "chain"}
     assert all(7.0 < float(v.detach()) < 8.5 for v in losses.values())  # ~ln(2048) at init
 
 
 @needs_trained
 def test_trained_dir_loads_with_zoo_config_and_tokenizer():
-    for f in td.COPIED_FILES:
+    for f in trainers.DEEPSEEK_COPIED_FILES:
         assert (TRAINED / f).read_bytes() == (ZOO / f).read_bytes(), f
     manifest = json.loads((TRAINED / "manifest.json").read_text())
-    assert manifest["model_safetensors_sha256"] == tm._sha256(TRAINED / "model.safetensors")
+    assert manifest["model_safetensors_sha256"] == checkpoint.sha256_file(TRAINED / "model.safetensors")
     assert (TRAINED / "model.safetensors").stat().st_size < 20 * 2**20
     from kit.models import resolve_model
 
     assert resolve_model("tiny-deepseek-v3-trained").has_trained_weights
-    m = td.load_model(TRAINED)  # strict, and checks the tied copies
-    if not manifest["q_rope"]:  # q's rope rows exactly 0 (vLLM 0.32 CPU rotary op, see kit/tinydeepseek.py)
+    m = checkpoint.load_model(TRAINED)  # strict, and checks the tied copies
+    if not manifest["q_rope"]:  # q's rope rows exactly 0 (vLLM 0.32 CPU rotary op, see kit/tiny/deepseek.py)
         for layer in m.model.layers:
             a = layer.self_attn
             assert not a.q_b_proj.weight.view(a.nh, a.hd, -1)[:, a.nope:].any()
-    ids = torch.tensor([tm.encode_prompt(TRAINED / "tokenizer.json", "import os\nimport sys\n")])
+    ids = torch.tensor([encode_prompt(TRAINED / "tokenizer.json", "import os\nimport sys\n")])
     with torch.no_grad():
         lp = torch.log_softmax(m.logits(m.hidden(ids))[0, -1], -1)
     top2 = lp.topk(2).values

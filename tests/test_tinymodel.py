@@ -12,7 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from kit import tinymodel as tm  # noqa: E402
+from kit.compare import load_prompts  # noqa: E402
+from kit.tiny import checkpoint, config, decode  # noqa: E402
+from kit.tiny.mimo import TinyMiMo  # noqa: E402
+from kit.tiny.tokenizer import encode_prompt  # noqa: E402
 
 MODEL_DIR = REPO / "data" / "models" / "tiny-mimo"
 
@@ -33,8 +36,8 @@ def test_checkpoint_names_and_shapes_match_pytorch_model():
     assert cfg["hidden_size"] // cfg["num_attention_heads"] in (64, 128)
     assert cfg["tie_word_embeddings"] is False
 
-    mc = tm.model_config_from_hf(cfg)
-    model = tm.TinyMiMo(mc)
+    mc = config.ModelConfig.from_hf(cfg)
+    model = TinyMiMo(mc)
     expected = {k: list(v.shape) for k, v in model.state_dict().items()}
     with safe_open(str(MODEL_DIR / "model.safetensors"), framework="pt") as f:
         stored = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -50,8 +53,8 @@ def test_checkpoint_names_and_shapes_match_pytorch_model():
     assert stored["model.mtp_layers.0.input_proj.weight"] == [mc.hidden_size, 2 * mc.hidden_size]
     assert "lm_head.weight" in stored and "model.embed_tokens.weight" in stored
 
-    loaded = tm.load_model(MODEL_DIR)  # strict load
-    ids = torch.tensor([tm.encode_prompt(MODEL_DIR / "tokenizer.json", "def f(x):\n    return")])
+    loaded = checkpoint.load_model(MODEL_DIR)  # strict load
+    ids = torch.tensor([encode_prompt(MODEL_DIR / "tokenizer.json", "def f(x):\n    return")])
     h = loaded.hidden(ids)
     logits = loaded.logits(h)
     mtp = loaded.mtp_logits(loaded.mtp_hidden(h[:, :-1], ids[:, 1:], torch.arange(ids.shape[1] - 1)))
@@ -65,12 +68,12 @@ def test_model_dir_files_and_manifest():
               "generation_config.json", "weights.json", "manifest.json"):
         assert (MODEL_DIR / f).exists(), f
     m = json.loads((MODEL_DIR / "manifest.json").read_text())
-    assert m["model_safetensors_sha256"] == tm._sha256(MODEL_DIR / "model.safetensors")
+    assert m["model_safetensors_sha256"] == checkpoint.sha256_file(MODEL_DIR / "model.safetensors")
     assert sum(p.stat().st_size for p in MODEL_DIR.iterdir()) < 50 * 2**20
     tcfg = json.loads((MODEL_DIR / "tokenizer_config.json").read_text())
     assert tcfg["tokenizer_class"] == "PreTrainedTokenizerFast"
-    ids = tm.encode_prompt(MODEL_DIR / "tokenizer.json", "import os\n")
-    assert ids[0] == tm.BOS_ID
+    ids = encode_prompt(MODEL_DIR / "tokenizer.json", "import os\n")
+    assert ids[0] == config.BOS_ID
 
 
 @needs_model
@@ -79,21 +82,21 @@ def test_autotokenizer_loads_model_dir():
     tok = transformers.AutoTokenizer.from_pretrained(str(MODEL_DIR))
     text = "def add(a, b):\n    return a + b\n"
     ids = tok(text)["input_ids"]
-    assert ids == tm.encode_prompt(MODEL_DIR / "tokenizer.json", text)
-    assert tok.bos_token_id == tm.BOS_ID and tok.eos_token_id == tm.EOS_ID
+    assert ids == encode_prompt(MODEL_DIR / "tokenizer.json", text)
+    assert tok.bos_token_id == config.BOS_ID and tok.eos_token_id == config.EOS_ID
     assert tok.decode(ids, skip_special_tokens=True) == text
 
 
 def test_prompt_files():
     for name, n in (("default", 16), ("heldout", 8)):
-        prompts = tm.read_prompts(tm.PROMPTS_DIR / f"{name}.jsonl")
+        prompts = load_prompts(config.PROMPTS_DIR / f"{name}.jsonl")
         assert len(prompts) == n and len(set(prompts)) == n
-    assert not set(tm.read_prompts(tm.PROMPTS_DIR / "default.jsonl")) & set(
-        tm.read_prompts(tm.PROMPTS_DIR / "heldout.jsonl"))
+    assert not set(load_prompts(config.PROMPTS_DIR / "default.jsonl")) & set(
+        load_prompts(config.PROMPTS_DIR / "heldout.jsonl"))
 
 
 def _quick(out: Path, seed: int = 0) -> dict:
-    subprocess.run([sys.executable, "-m", "kit.tinymodel", "--quick", "--seed", str(seed), "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "kit.tiny", "train", "tiny-mimo", "--quick", "--seed", str(seed), "--out", str(out)],
                    cwd=REPO, check=True, timeout=300, capture_output=True)
     return json.loads((out / "manifest.json").read_text())
 
@@ -109,14 +112,14 @@ def test_quick_training_is_deterministic(tmp_path):
     assert a["model_safetensors_sha256"] == b["model_safetensors_sha256"]
     assert a["tokenizer"]["sha256_tokenizer_json"] == b["tokenizer"]["sha256_tokenizer_json"]
     # the quick model loads back into the PyTorch model with the names it saved
-    tm.load_model(tmp_path / "a")
+    checkpoint.load_model(tmp_path / "a")
 
 
 @pytest.mark.engine
 @needs_model
 def test_parity_with_vllm(tmp_path):
     out = tmp_path / "parity.json"
-    r = subprocess.run([sys.executable, "-m", "kit.tinymodel", "parity", "--model", str(MODEL_DIR),
+    r = subprocess.run([sys.executable, "-m", "kit.tiny", "parity", "--model", str(MODEL_DIR),
                         "--n", "4", "--max-tokens", "32", "--json", str(out)],
                        cwd=REPO, timeout=1200, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
@@ -128,7 +131,7 @@ def test_parity_with_vllm(tmp_path):
 @needs_model
 def test_mtp_k1_acceptance_on_default_prompts(tmp_path):
     out = tmp_path / "acc.json"
-    r = subprocess.run([sys.executable, "-m", "kit.tinymodel", "acceptance", "--model", str(MODEL_DIR),
+    r = subprocess.run([sys.executable, "-m", "kit.tiny", "acceptance", "--model", str(MODEL_DIR),
                         "--k", "1", "--max-tokens", "64", "--json", str(out)],
                        cwd=REPO, timeout=1200, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
@@ -143,9 +146,9 @@ def test_incremental_drafter_matches_training_chain():
     import torch
 
     torch.manual_seed(0)
-    mc = tm.ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+    mc = config.ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    model = tm.TinyMiMo(mc)
+    model = TinyMiMo(mc)
     model.init_weights(1)
     with torch.no_grad():  # non-trivial norms and biases
         for n, p in model.named_parameters():
@@ -164,10 +167,10 @@ def test_incremental_drafter_matches_training_chain():
     for p in (0, 5, T - 1):
         j = p + 1
         s = seq[0].tolist()
-        d, hs = tm.draft_tokens(model, s, j, 1, return_hidden=True)
+        d, hs = decode.draft_tokens(model, s, j, 1, return_hidden=True)
         assert torch.allclose(hs[0][0, 0], m[0, p], atol=1e-5)
         s[j + 1] = d[0]  # make the first draft "correct" so the chain sees the true next token
-        d, hs = tm.draft_tokens(model, s, j, 2, return_hidden=True)
+        d, hs = decode.draft_tokens(model, s, j, 2, return_hidden=True)
         with torch.no_grad():
             h2 = model.hidden(torch.tensor([s[:T]]), pos)
             kv2: list = []

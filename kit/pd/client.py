@@ -1,4 +1,5 @@
-"""HTTP to the pair's vLLM servers: one ``httpx`` client, one POST helper, the server-sent-event stream.
+"""HTTP to the pair's vLLM servers through the kit's one ``httpx`` client (:mod:`kit.httpclient`): one POST
+helper, the server-sent-event stream.
 
 Every call names the server it went to and turns transport failures, timeouts and HTTP errors into a
 :class:`PDError` whose message says which step failed; a caller watching the servers (``PDPair._watched``)
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -16,23 +16,11 @@ from typing import Any, Iterator
 import httpx
 
 from ..engine import Server
-
-_CLIENT: httpx.Client | None = None
-_CLIENT_LOCK = threading.Lock()
+from ..httpclient import client as _client
 
 
 class PDError(RuntimeError):
     """A PD request failed (HTTP error, timeout, malformed answer); the message says which step."""
-
-
-def _client() -> httpx.Client:
-    """The process's one client (thread-safe). Loopback only: proxies from the environment are ignored, and no
-    connection is kept alive (each request gets a fresh one, so a restarted or dying server leaves none stale)."""
-    global _CLIENT
-    with _CLIENT_LOCK:
-        if _CLIENT is None:
-            _CLIENT = httpx.Client(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
-        return _CLIENT
 
 
 def get(srv: Server, path: str, timeout: float = 30.0, attempts: int = 5) -> bytes:

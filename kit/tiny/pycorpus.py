@@ -9,14 +9,13 @@ travel to a training machine) plus a JSON manifest; :func:`read_pack` reads it b
 :func:`heldout_prompts` cuts code prompts from held-out files whose continuation does not occur verbatim
 in the training text.
 
-Command line::
+Command line (:mod:`kit.tiny.cli`)::
 
-    python -m kit.pycorpus build [--out build/pycorpus/pycode.jsonl.xz] [--package-cap-mb 6]
-    python -m kit.pycorpus prompts --corpus PACK --out data/prompts/pycode-heldout.jsonl [--n 16]
+    python -m kit.tiny corpus build [--out build/pycorpus/pycode.jsonl.xz] [--package-cap-mb 6]
+    python -m kit.tiny corpus prompts --corpus PACK --out data/prompts/pycode-heldout.jsonl [--n 16]
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import lzma
@@ -25,8 +24,10 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from ..models import REPO_ROOT
+
 DEFAULT_PACK = REPO_ROOT / "build" / "pycorpus" / "pycode.jsonl.xz"
 
 # Any path component: test suites, vendored copies, demos, data/grammar fixtures, build trees.
@@ -67,6 +68,12 @@ def default_sources() -> list[tuple[str, Path]]:
     return out
 
 
+def walk_py(root: Path) -> Iterator[tuple[Path, tuple[str, ...]]]:
+    """Every ``*.py`` under ``root`` in a fixed order (by relative posix path), with its relative path parts."""
+    for f in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+        yield f, f.relative_to(root).parts
+
+
 def is_heldout(sha256: str) -> bool:
     return int(sha256[:8], 16) % 1000 < HELDOUT_PER_MILLE
 
@@ -97,8 +104,7 @@ def collect(sources: list[tuple[str, Path]] | None = None, package_cap: int = DE
     stats = {"files_seen": 0, "skipped_path": 0, "skipped_size": 0, "skipped_not_utf8": 0,
              "skipped_not_code": 0, "duplicates": 0, "over_package_cap": 0}
     for source, root in sources:
-        for f in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
-            rel = f.relative_to(root).parts
+        for f, rel in walk_py(root):
             stats["files_seen"] += 1
             if _skip_path(rel) or not f.is_file():
                 stats["skipped_path"] += 1
@@ -222,36 +228,3 @@ def heldout_prompts(train: list[Doc], val: list[Doc], n: int = 16, prompt_lines:
         if len(out) >= n:
             break
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="kit.pycorpus", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="collect, deduplicate, split and write the pack")
-    b.add_argument("--out", default=str(DEFAULT_PACK))
-    b.add_argument("--package-cap-mb", type=float, default=DEFAULT_PACKAGE_CAP / 1e6)
-    b.add_argument("--max-files", type=int, default=None)
-    p = sub.add_parser("prompts", help="held-out code prompts (JSON lines) from a pack")
-    p.add_argument("--corpus", default=str(DEFAULT_PACK))
-    p.add_argument("--out", required=True)
-    p.add_argument("--n", type=int, default=16)
-    args = ap.parse_args(argv)
-    if args.cmd == "build":
-        sources = default_sources()
-        cap = int(args.package_cap_mb * 1e6)
-        docs, stats = collect(sources, cap, args.max_files)
-        m = write_pack(docs, Path(args.out), stats, sources, cap)
-        print(json.dumps({k: v for k, v in m.items() if k != "largest_packages_bytes"}, indent=2))
-        return 0
-    if not Path(args.corpus).is_file():
-        print(f"kit.pycorpus: error: no corpus pack at {args.corpus} (run: python -m kit.pycorpus build)", file=sys.stderr)
-        return 2
-    train, val = read_pack(args.corpus)
-    rows = heldout_prompts(train, val, args.n)
-    Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"wrote {len(rows)} prompts from {len(val)} held-out files to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
