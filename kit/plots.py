@@ -258,10 +258,11 @@ def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
     """A lane per rank's forward, and the last rank's sample and MTP propose, over time (ms) for ``steps``.
 
     ``events``: :func:`kit.steptrace.merge` output. A bar per step and rank, coloured by request, labelled
-    ``s<step> <request> +<drafts>`` (the drafts it verifies); on a non-first rank the part spent waiting for the
-    previous stage's hidden states is grey. Non-last ranks mark a request whose token history was short (the
-    accepted drafts the scheduler does not send them). An arrow joins a request's MTP propose to its next
-    forward on rank 0: the drafts travel back through the scheduler before the next step can verify them.
+    ``s<step> <request>`` (hover: tokens and drafts it verifies); on a non-first rank the part spent waiting for
+    the previous stage's hidden states is grey. Non-last ranks add ``h<N>`` where a request's token history was N
+    tokens short (the accepted drafts the scheduler does not send them). An arrow joins a request's MTP propose to its next
+    forward on rank 0 (from the engine core's collection of the drafts, ``handoff``, when traced): the drafts
+    travel back through the scheduler before the next step can verify them.
     """
     import plotly.graph_objects as go
 
@@ -271,7 +272,8 @@ def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
     t_origin = min(e["t0"] for e in sel)
     ms = lambda t: (t - t_origin) * 1000.0  # noqa: E731
     last = pp - 1
-    lanes = [f"rank {r} forward" for r in range(pp)] + [f"rank {last} sample", f"rank {last} MTP propose"]
+    lanes = [f"rank {r} forward" for r in range(pp)] + [f"rank {last} sample", f"rank {last} MTP propose",
+                                                         "drafts to the scheduler"]
     reqs = sorted({r for e in sel for r in (e.get("reqs") or [])}, key=lambda r: int(r[1:]))
     color = {r: _REQ_COLORS[i % len(_REQ_COLORS)] for i, r in enumerate(reqs)}
     fig = go.Figure()
@@ -280,7 +282,7 @@ def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
     def bar(lane, t0, t1, c, text, hover, legend=None):
         fig.add_trace(go.Bar(y=[lane], x=[max(ms(t1) - ms(t0), 0.05)], base=[ms(t0)], orientation="h",
                              marker=dict(color=c, line=dict(color="white", width=1)), text=[text],
-                             textposition="inside", insidetextanchor="middle", hovertext=hover, hoverinfo="text",
+                             textposition="inside", insidetextanchor="middle", textangle=0, hovertext=hover, hoverinfo="text",
                              name=legend or "", legendgroup=legend or text, showlegend=bool(legend) and legend not in shown))
         if legend:
             shown.add(legend)
@@ -298,12 +300,12 @@ def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
                     f"rank {e['rank'] - 1}'s hidden states ({ms(e['hidden_in']) - ms(e['t0']):.1f} ms)",
                     legend="waiting for the previous stage")
                 t0 = e["hidden_in"]
-            label = " ".join(f"{r}+{v[1]}" for r, v in rq.items())
+            label = " ".join(rq)
             gap = {r: g for r, g in (e.get("history_gap") or {}).items() if g}
             hover = (f"step {e['step']} on rank {e['rank']}: " + ", ".join(f"{r}: {v[0]} tokens ({v[1]} drafts to verify)"
                                                                       for r, v in rq.items()))
             if gap:
-                label += " | hist+" + ",".join(str(g) for g in gap.values())
+                label += " h" + ",".join(str(g) for g in gap.values())
                 hover += "; history short by " + ", ".join(f"{r}: {g}" for r, g in gap.items()) + \
                          " accepted tokens (filled by pp_spec_token_history)"
             bar(lane, t0, e["t1"], c, f"s{e['step']} {label}", hover, legend)
@@ -315,16 +317,23 @@ def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
         elif e["kind"] == "propose":
             bar(f"rank {last} MTP propose", e["t0"], e["t1"], c, f"{' '.join(names)} {e.get('k') or ''} drafts",
                 f"step {e['step']}: the MTP layer proposes {e.get('k')} drafts for {', '.join(names)}")
+        elif e["kind"] == "handoff":
+            bar("drafts to the scheduler", e["t0"], e["t1"], c, "take drafts",
+                f"step {e['step']}: the engine core collects the drafts for {', '.join(names)} (post_step, "
+                f"{ms(e['t1']) - ms(e['t0']):.1f} ms waiting for the step to finish)")
     # The drafts' way back: a request's propose, then its next forward on rank 0.
     fwd0 = [e for e in sel if e["kind"] == "forward" and e["rank"] == 0]
-    for p in (e for e in sel if e["kind"] == "propose"):
+    back = "handoff" if any(e["kind"] == "handoff" for e in sel) else "propose"
+    for p in (e for e in sel if e["kind"] == back):
         for r in p["reqs"]:
             nxt = next((f for f in fwd0 if f["step"] > p["step"] and r in f["reqs"]), None)
             if nxt is not None:
-                fig.add_annotation(x=ms(nxt["t0"]), y=lanes[0], ax=ms(p["t1"]), ay=lanes[-1], xref="x", yref="y",
+                fig.add_annotation(x=ms(nxt["t0"]), y=lanes[0], ax=ms(p["t1"]),
+                                   ay=lanes[-1] if back == "handoff" else lanes[-2], xref="x", yref="y",
                                    axref="x", ayref="y", showarrow=True, arrowhead=3, arrowwidth=1.5,
                                    arrowcolor=color.get(r, "#636363"), opacity=0.8, text="")
     fig.update_layout(title=title, barmode="overlay", height=170 + 55 * len(lanes), xaxis_title="ms",
+                      uniformtext=dict(minsize=9, mode="hide"),  # a label that does not fit is left to the hover
                       yaxis=dict(categoryorder="array", categoryarray=lanes, autorange="reversed"),
                       legend=dict(orientation="h", y=-0.25))
     return fig

@@ -12,7 +12,9 @@ classes stay untouched, so other engines in the process and the kit's patches ar
 - ``worker.sample_tokens``: a ``sample`` event on the last rank, with each request's accepted drafts
   (sampled tokens - 1);
 - ``model_runner.propose_draft_token_ids``: a ``propose`` event (the drafter's forward), with the
-  requests it drafted for.
+  requests it drafted for;
+- ``worker.take_draft_token_ids``: a ``handoff`` event when the engine core collects the drafts for its
+  scheduler (``EngineCore.post_step`` under sync scheduling).
 
 Times are ``time.monotonic()``: one clock for every process on the host, so ranks line up.
 """
@@ -100,6 +102,20 @@ def start(worker) -> dict:
 
     worker.sample_tokens = sample_tokens
 
+    orig_take = worker.take_draft_token_ids
+
+    @functools.wraps(orig_take)
+    def take_draft_token_ids(*args, **kwargs):
+        # The engine core's post_step asks for the drafts (sync scheduling); this call queues behind the step's
+        # sample, so its start is when the engine core asked and its end when the drafts left for the scheduler.
+        t0 = time.monotonic()
+        out = orig_take(*args, **kwargs)
+        if out is not None and getattr(out, "req_ids", None):
+            _record("handoff", t0, time.monotonic(), step=_STATE["step"], reqs=list(out.req_ids))
+        return out
+
+    worker.take_draft_token_ids = take_draft_token_ids
+
     if hasattr(runner, "propose_draft_token_ids"):
         orig_propose = runner.propose_draft_token_ids
 
@@ -145,10 +161,10 @@ def merge(per_rank: list[dict]) -> list[dict]:
 
 
 def steps(events: list[dict]) -> dict[int, dict]:
-    """Per step: its forward on each rank, the last rank's sample and propose."""
+    """Per step: its forward on each rank, the last rank's sample, propose and handoff."""
     by: dict[int, dict] = {}
     for e in events:
-        s = by.setdefault(e["step"], {"forward": {}, "sample": None, "propose": None})
+        s = by.setdefault(e["step"], {"forward": {}, "sample": None, "propose": None, "handoff": None})
         if e["kind"] == "forward":
             s["forward"][e["rank"]] = e
         else:

@@ -130,43 +130,47 @@ claim(err is not None and "has no attribute 'drafter'" in err,
 # timestamps from `time.monotonic()`, one clock for all processes on the host). In one step: the engine core's
 # scheduler sends the step's requests to every rank; rank 0 embeds the tokens (the request's newest token plus its
 # k drafts from the previous step) and runs its layers; the hidden states go stage to stage; the last rank runs its
-# layers, the LM head, and samples, which verifies the drafts (accepted: the longest prefix the target agrees with);
-# then the MTP layer takes the last hidden state and the sampled token and proposes the next k drafts. The drafts go
-# back to the engine core with the sampled tokens, and the scheduler puts them into the request's *next* step, on
-# rank 0 again.
+# layers and the LM head and samples, which verifies the drafts (accepted: the longest prefix the target agrees
+# with); then the MTP layer takes the last hidden state and the sampled token and proposes the next k drafts. The
+# engine core collects the drafts, its scheduler puts them into the request's *next* step, on rank 0 again.
 #
-# **Predict, then run:** while request A's step is still on its way through the stages, can the scheduler put A
-# into the next step too? (Stock vLLM 0.32 with sync PP: without drafts, A has nothing new to compute then.)
+# **Predict, then run:** two requests decode at PP=2, and vLLM keeps up to PP steps in flight so that both stages
+# can work at once. Will rank 0 run one step while the last rank still runs the one before? And can one request be
+# in two consecutive steps?
 #
 # <details><summary>Answer</summary>
 #
-# Not with the kit: its `pp_spec_schedule_gate` patch hides A's drafts while A is in flight, so A is skipped exactly
-# as without speculation, and its next step starts on rank 0 only after its drafts came back from the last rank
-# (the arrows in the picture). Stock vLLM 0.32 does schedule it again: the drafts from the step *before* are already
-# stored on the request, so A looks like it has k tokens to compute, they land at the wrong positions, and the last
-# stage reads another request's logits (notebook 00 breaks it). The cell under the picture checks that no request is
-# in two steps at once and that each step with drafts starts after the drafts were proposed.
+# Neither, on vLLM 0.32 with drafts and sync scheduling. Right after it submits a step, the engine core asks the
+# last rank for that step's drafts (`EngineCore.post_step` -> `take_draft_token_ids`), and the call waits until the
+# step has been sampled and drafted: the steps run one after another (the `drafts to the scheduler` lane). The
+# drafts reach the request *before* the step's sampled tokens are processed (`update_from_output` comes in the next
+# loop), so when the scheduler plans the next step the request still counts as in flight but already carries k
+# drafts. Stock vLLM then schedules it again, the drafts at the wrong positions, and the last stage reads another
+# request's logits (notebook 00 breaks it). The kit's `pp_spec_schedule_gate` hides those drafts while the request
+# is in flight, so it is skipped and the next step carries the other request: the steps alternate. The cell under
+# the picture checks all three.
 # </details>
 
 # %%
 last_rank = TRACE_PP - 1
 by_step = steptrace.steps(trace)
+ran = [s for s, v in sorted(by_step.items()) if 0 in v["forward"]]   # the steps that computed something
 # A window of decode steps (every request past its prefill) from the middle of the run.
-decode = [s for s, v in sorted(by_step.items())
-          if 0 in v["forward"] and all(n <= 1 + 8 for n, _ in v["forward"][0]["reqs"].values())]
-window = decode[len(decode) // 3: len(decode) // 3 + 6]
+decode = [s for s in ran if all(n <= 1 + 8 for n, _ in by_step[s]["forward"][0]["reqs"].values())]
+window = decode[len(decode) // 3: len(decode) // 3 + 4]
 plots.step_swimlane(trace, TRACE_PP, steps=window,
                     title=f"{Topology(model=MODEL, pp=TRACE_PP, spec=SPEC).label()}: decode steps {window[0]}-{window[-1]} "
-                    "as each rank ran them (bar: s<step> <request>+<drafts it verifies>)").update_layout(meta="main").show()
+                    "as each rank ran them (s<step> <request>, h<N>: rank 0's history N tokens short)").update_layout(meta="main").show()
 
 # %% [markdown]
-# **What it shows:** each row is one process; time runs left to right. A step's bar on rank 0 is followed by the
-# same step on the next rank (its grey part: waiting for the previous stage's hidden states), then the last rank's
-# sample (how many drafts were accepted) and the MTP layer's proposal; the arrow is the drafts' way back through
-# the scheduler to that request's next step on rank 0. While one request is in flight, rank 0 runs the other one:
-# the pipeline keeps both stages busy only because there are two requests to alternate.
+# **What it shows:** each row is one process's work; time runs left to right (hover a bar for its tokens and
+# drafts). A step's bar on rank 0 is followed by
+# the same step on the last rank (its grey part: waiting for rank 0's hidden states), the sample (`r:N ok`: drafts
+# accepted) and the MTP layer's proposal; then the engine core collects the drafts, and the arrow is their way back
+# through the scheduler to that request's next step on rank 0. Consecutive steps carry different requests, and no
+# step starts before the previous one has been drafted.
 #
-# The `hist+N` marks are the second correctness patch at work. Rank 0 is sent only each request's newest sampled
+# The `hN` marks are the second correctness patch at work. Rank 0 is sent only each request's newest sampled
 # token, never the drafts the last rank accepted, so at the start of a step its copy of the request's token history
 # is short by exactly the drafts accepted in the request's previous step. `pp_spec_token_history` fills them in
 # (they are a prefix of the drafts rank 0 was sent); without it, a request that leaves the batch and comes back is
@@ -177,20 +181,23 @@ kinds_on = {kind: sorted({e["rank"] for e in trace if e["kind"] == kind}) for ki
 claim(kinds_on["propose"] == [last_rank] and kinds_on["sample"] == [last_rank] and kinds_on["forward"] == list(range(TRACE_PP)),
       f"every rank runs a forward per step; only the last rank ({last_rank}) samples and runs the MTP drafter "
       f"({sum(e['kind'] == 'propose' for e in trace)} proposals)", kinds_on)
-# Per request, its steps in order, and the interval each was in flight: rank 0's start to the last rank's proposal.
+overlap = [(a, b) for a, b in zip(ran, ran[1:]) if by_step[a]["propose"] is None
+           or min(f["t0"] for f in by_step[b]["forward"].values()) < by_step[a]["propose"]["t1"]]
+claim(not overlap, f"the {len(ran)} steps ran one after another: no step started on any rank before the previous "
+      "step's drafts were proposed", overlap)
+# Per request, its steps in order: (step, rank 0's start, when its drafts were proposed, drafts it verifies)
 flights = {}
-for s, v in sorted(by_step.items()):
-    if 0 not in v["forward"] or v["propose"] is None:
-        continue
+for s in ran:
+    v = by_step[s]
     for r, (n, k) in v["forward"][0]["reqs"].items():
         flights.setdefault(r, []).append((s, v["forward"][0]["t0"], v["propose"]["t1"], k))
+twice = [(r, a[0]) for r, fl in flights.items() for a, b in zip(fl, fl[1:]) if ran.index(b[0]) == ran.index(a[0]) + 1]
+claim(len(flights) > 1 and not twice, f"no request of {len(flights)} was in two consecutive steps (the gate skips a "
+      "request while its step is in flight)", twice)
 late = [(r, a[0], b[0]) for r, fl in flights.items() for a, b in zip(fl, fl[1:]) if b[1] < a[2]]
-n_pairs = sum(len(fl) - 1 for fl in flights.values())
-claim(n_pairs > 0 and not late,
-      f"no request is in two steps at once: in all {n_pairs} consecutive step pairs of {len(flights)} requests, the "
-      "next step starts on rank 0 after the last rank proposed the drafts it verifies", late)
-with_drafts = sum(1 for fl in flights.values() for s in fl[1:] if s[3] > 0)
-claim(with_drafts > 0, f"{with_drafts} of those next steps verify drafts")
+with_drafts = sum(1 for fl in flights.values() for x in fl[1:] if x[3] > 0)
+claim(with_drafts > 0 and not late, f"each of the {with_drafts} steps that verify drafts started after those drafts "
+      "were proposed", late)
 
 # %% [markdown]
 # **Predict, then run:** at the start of a request's step, by how many tokens is rank 0's copy of its token history
@@ -216,6 +223,6 @@ display(Markdown(f"**This run:** {len(pairs)} steps of {len(flights)} requests o
                  f"{sum(p[2] > 0 for p in pairs)} of them, by {total_gap} tokens in all, and the last rank had accepted "
                  f"{sum(p[3] or 0 for p in pairs)} drafts in the steps before them. Tokens generated: "
                  f"{traced.num_generated}, drafts accepted: {traced.spec.num_accepted_tokens}."))
-claim(pairs and not mismatch and total_gap > 0,
+claim(bool(pairs) and not mismatch and total_gap > 0,
       f"rank 0's history is short by exactly the drafts the last rank accepted in the previous step ({total_gap} tokens "
       f"over {len(pairs)} steps): what pp_spec_token_history fills in", mismatch[:5])

@@ -20,7 +20,7 @@ PP_SIZES = [1, 2]
 NUM_PROMPTS = 8
 MAX_TOKENS = 48
 SAMPLED_TEMPERATURES = [0.05, 0.3, 0.8]   # sampled on the largest-k engine of each PP size
-PLAIN_PP_SIZES = None    # PP sizes that also run without drafts (k = 0); None: every PP size
+PLAIN_PP_SIZES = [1, 2]   # PP sizes that also run without drafts (k = 0); must include PP_SIZES[0]
 
 # %%
 import kit
@@ -44,7 +44,7 @@ from kit import sampling
 prompts = load_prompts(limit=NUM_PROMPTS)
 greedy = {"kind": "generate", "prompts": prompts, "max_tokens": MAX_TOKENS}
 results, sampled = {}, {}
-plain_pps = PP_SIZES if PLAIN_PP_SIZES is None else PLAIN_PP_SIZES
+plain_pps = [pp for pp in PP_SIZES if pp in PLAIN_PP_SIZES]
 assert PP_SIZES[0] in plain_pps, "the first PP size's plain engine is the reference for every other run"
 for pp in PP_SIZES:
     for k in ([0] if pp in plain_pps else []) + list(KS):

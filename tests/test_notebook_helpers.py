@@ -47,6 +47,7 @@ def test_steptrace_merge_names_requests_and_groups_steps():
     assert by[3]["sample"]["accepted"] == {"r0": 1} and by[3]["propose"]["reqs"] == ["r0"]
     fig = plots.step_swimlane(ev, 2, steps=[3])
     assert len(fig.data) == 5  # rank 0 forward, rank 1 waiting + forward, sample, propose
+    assert len(fig.layout.annotations) == 0  # no later step of r0 in the window: no arrow
 
 
 def test_kv_bytes_per_layer_draws_an_empty_mtp_slot():
