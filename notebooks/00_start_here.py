@@ -38,6 +38,7 @@ SPEC = "mtp:2"           # METHOD:K
 NUM_PROMPTS = 4
 MAX_TOKENS = 32
 BREAK_PATCHES = "all,-pp_spec_schedule_gate,-decode_side_pp_spec_rule"   # "break it": one correctness patch off
+SHOW_DOCTOR = True       # run `kit doctor` below (about 10 s; the report lists the versions anyway)
 
 # %%
 import kit
@@ -51,7 +52,8 @@ kit.notebook.setup()
 
 # %%
 import subprocess, sys
-print(subprocess.run([sys.executable, "-m", "kit", "doctor"], capture_output=True, text=True).stdout)
+if SHOW_DOCTOR:
+    print(subprocess.run([sys.executable, "-m", "kit", "doctor"], capture_output=True, text=True).stdout)
 
 # %% [markdown]
 # ## A first run

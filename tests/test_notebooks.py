@@ -12,7 +12,7 @@ NB = ROOT / "notebooks"
 # CI parameters: fewer engines and shorter runs, but every claim's assertion stays (each asserted at least once:
 # 01 at PP=2 only, 02's no-clash run at PP=3 instead of 4, 03 at one k with the plain engine at PP=1 only).
 CI_PARAMS = {
-    "00_start_here": dict(NUM_PROMPTS=2, MAX_TOKENS=16),
+    "00_start_here": dict(NUM_PROMPTS=2, MAX_TOKENS=16, SHOW_DOCTOR=False),
     "01_drafter_placement": dict(PP_SIZES=[2], TRACE_TOKENS=12),
     "02_layer_types_fix": dict(NUM_PROMPTS=2, MAX_TOKENS=16, NO_CLASH_PP=3),
     "03_draft_acceptance": dict(KS=[2], PP_SIZES=[1, 2], PLAIN_PP_SIZES=[1], NUM_PROMPTS=4, MAX_TOKENS=32,
