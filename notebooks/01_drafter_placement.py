@@ -10,8 +10,9 @@
 # # Where does everything live under PP?
 #
 # **The question:** with PP=2 and PP=4, which rank holds which decoder layers, the embedding, the LM head,
-# the MTP drafter and which KV cache? Everything below is read from the **live engine**: the kit adds a method
-# to every vLLM worker (`worker_extension_cls`) and calls it with `LLM.collective_rpc`.
+# the MTP drafter and which KV cache? And how does one decode step with drafts travel across those ranks?
+# Everything below is read from the **live engine**: the kit adds methods to every vLLM worker
+# (`worker_extension_cls`) and calls them with `LLM.collective_rpc`; one of them times every step inside each worker.
 
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"
@@ -32,7 +33,7 @@ kit.notebook.setup()
 # %% [markdown]
 # One engine per PP size in `PP_SIZES`, each started, asked and stopped (on 2 cores about 35 s at PP=2 and
 # 55 s at PP=4). The `TRACE_PP` engine then also generates a few tokens with every step traced inside each worker
-# (`kit_trace_start` / `kit_trace_read`, see *One decode step across the ranks* below), which adds a few seconds.
+# (`kit_trace_start` / `kit_trace_read`, see *One decode step with drafts, across the ranks* below), which adds a few seconds.
 
 # %%
 import pandas as pd
