@@ -112,6 +112,7 @@ for pp, ranks in layouts.items():
 
 # %%
 from kit.engine import EngineError
+from kit.placement import placement
 err = None
 try:
     placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=2, spec=SPEC),
