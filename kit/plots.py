@@ -248,3 +248,123 @@ def sampled_vs_theory(points: dict[tuple[int, float], list[dict]], greedy_rate: 
     fig.update_yaxes(range=[0, 1.05])
     fig.update_layout(title=title, height=380, yaxis_title="accepted / reached", legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+_REQ_COLORS = ["#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363", "#8c6d31"]
+
+
+def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
+                  title: str = "One decode step with drafts across the PP ranks"):
+    """A lane per rank's forward, and the last rank's sample and MTP propose, over time (ms) for ``steps``.
+
+    ``events``: :func:`kit.steptrace.merge` output. A bar per step and rank, coloured by request, labelled
+    ``s<step> <request>`` (hover: tokens and drafts it verifies); on a non-first rank the part spent waiting for
+    the previous stage's hidden states is grey. Non-last ranks add ``h<N>`` where a request's token history was N
+    tokens short (the accepted drafts the scheduler does not send them). An arrow joins a request's MTP propose to its next
+    forward on rank 0 (from the engine core's collection of the drafts, ``handoff``, when traced): the drafts
+    travel back through the scheduler before the next step can verify them.
+    """
+    import plotly.graph_objects as go
+
+    sel = [e for e in events if steps is None or e["step"] in steps]
+    if not sel:
+        return go.Figure().update_layout(title=title + " (no events)")
+    t_origin = min(e["t0"] for e in sel)
+    ms = lambda t: (t - t_origin) * 1000.0  # noqa: E731
+    last = pp - 1
+    lanes = [f"rank {r} forward" for r in range(pp)] + [f"rank {last} sample", f"rank {last} MTP propose",
+                                                         "drafts to the scheduler"]
+    reqs = sorted({r for e in sel for r in (e.get("reqs") or [])}, key=lambda r: int(r[1:]))
+    color = {r: _REQ_COLORS[i % len(_REQ_COLORS)] for i, r in enumerate(reqs)}
+    fig = go.Figure()
+    shown = set()
+
+    def bar(lane, t0, t1, c, text, hover, legend=None):
+        fig.add_trace(go.Bar(y=[lane], x=[max(ms(t1) - ms(t0), 0.05)], base=[ms(t0)], orientation="h",
+                             marker=dict(color=c, line=dict(color="white", width=1)), text=[text],
+                             textposition="inside", insidetextanchor="middle", textangle=0, hovertext=hover, hoverinfo="text",
+                             name=legend or "", legendgroup=legend or text, showlegend=bool(legend) and legend not in shown))
+        if legend:
+            shown.add(legend)
+
+    for e in sel:
+        rq = e.get("reqs") or []
+        names = list(rq)
+        c = color[names[0]] if len(names) == 1 else "#969696"
+        legend = f"request {names[0]}" if len(names) == 1 else "several requests"
+        if e["kind"] == "forward":
+            lane = f"rank {e['rank']} forward"
+            t0 = e["t0"]
+            if e.get("hidden_in") and e["hidden_in"] > e["t0"]:
+                bar(lane, e["t0"], e["hidden_in"], "#d9d9d9", "", f"step {e['step']}: rank {e['rank']} waits for "
+                    f"rank {e['rank'] - 1}'s hidden states ({ms(e['hidden_in']) - ms(e['t0']):.1f} ms)",
+                    legend="waiting for the previous stage")
+                t0 = e["hidden_in"]
+            label = " ".join(rq)
+            gap = {r: g for r, g in (e.get("history_gap") or {}).items() if g}
+            hover = (f"step {e['step']} on rank {e['rank']}: " + ", ".join(f"{r}: {v[0]} tokens ({v[1]} drafts to verify)"
+                                                                      for r, v in rq.items()))
+            if gap:
+                label += " h" + ",".join(str(g) for g in gap.values())
+                hover += "; history short by " + ", ".join(f"{r}: {g}" for r, g in gap.items()) + \
+                         " accepted tokens (filled by pp_spec_token_history)"
+            bar(lane, t0, e["t1"], c, f"s{e['step']} {label}", hover, legend)
+        elif e["kind"] == "sample":
+            acc = e.get("accepted") or {}
+            bar(f"rank {last} sample", e["t0"], e["t1"], color.get(next(iter(acc), ""), "#969696"),
+                " ".join(f"{r}:{a} ok" for r, a in acc.items()),
+                f"step {e['step']}: sampled; accepted drafts " + ", ".join(f"{r}: {a}" for r, a in acc.items()))
+        elif e["kind"] == "propose":
+            bar(f"rank {last} MTP propose", e["t0"], e["t1"], c, f"{' '.join(names)} {e.get('k') or ''} drafts",
+                f"step {e['step']}: the MTP layer proposes {e.get('k')} drafts for {', '.join(names)}")
+        elif e["kind"] == "handoff":
+            bar("drafts to the scheduler", e["t0"], e["t1"], c, "take drafts",
+                f"step {e['step']}: the engine core collects the drafts for {', '.join(names)} (post_step, "
+                f"{ms(e['t1']) - ms(e['t0']):.1f} ms waiting for the step to finish)")
+    # The drafts' way back: a request's propose, then its next forward on rank 0.
+    fwd0 = [e for e in sel if e["kind"] == "forward" and e["rank"] == 0]
+    back = "handoff" if any(e["kind"] == "handoff" for e in sel) else "propose"
+    for p in (e for e in sel if e["kind"] == back):
+        for r in p["reqs"]:
+            nxt = next((f for f in fwd0 if f["step"] > p["step"] and r in f["reqs"]), None)
+            if nxt is not None:
+                fig.add_annotation(x=ms(nxt["t0"]), y=lanes[0], ax=ms(p["t1"]),
+                                   ay=lanes[-1] if back == "handoff" else lanes[-2], xref="x", yref="y",
+                                   axref="x", ayref="y", showarrow=True, arrowhead=3, arrowwidth=1.5,
+                                   arrowcolor=color.get(r, "#636363"), opacity=0.8, text="")
+    fig.update_layout(title=title, barmode="overlay", height=170 + 55 * len(lanes), xaxis_title="ms",
+                      uniformtext=dict(minsize=9, mode="hide"),  # a label that does not fit is left to the hover
+                      yaxis=dict(categoryorder="array", categoryarray=lanes, autorange="reversed"),
+                      legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def kv_bytes_per_layer(runs: dict[str, dict], title: str = "KV bytes per layer, by the producer rank that sent them"):
+    """``runs[label]``: ``{"layers": {name: bytes}, "rank": {name: producer rank}, "mtp": name or None}``. One panel
+    per run, a bar per layer coloured by the sending rank; the MTP layer's slot is outlined red (an empty,
+    outlined slot when nothing was sent for it)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=len(runs), shared_yaxes=True, subplot_titles=list(runs), horizontal_spacing=0.04)
+    shown = set()
+    for col, (label, run) in enumerate(runs.items(), start=1):
+        names = list(run["layers"])
+        if run.get("mtp") and run["mtp"] not in names:
+            names.append(run["mtp"])
+        for n in names:
+            b = run["layers"].get(n, 0)
+            rank = run["rank"].get(n)
+            is_mtp = n == run.get("mtp")
+            legend = f"sent by producer rank {rank}" if rank is not None else "not sent"
+            fig.add_trace(go.Bar(x=[n.replace("model.", "") + (" (MTP)" if is_mtp else "")], y=[b if b else 0],
+                                 marker=dict(color=_REQ_COLORS[rank % len(_REQ_COLORS)] if rank is not None else "#ffffff",
+                                             line=dict(color="#de2d26" if is_mtp else "#ffffff", width=3 if is_mtp else 0)),
+                                 name=legend, legendgroup=legend, showlegend=legend not in shown,
+                                 text=[f"{b:,}" if b else "0"], textposition="outside",
+                                 hovertext=f"{label}: {n}, {b:,} bytes" + (f" from rank {rank}" if rank is not None else ""),
+                                 hoverinfo="text"), row=1, col=col)
+            shown.add(legend)
+    fig.update_yaxes(title_text="bytes (all requests)", row=1, col=1)
+    fig.update_layout(title=title, height=400, barmode="overlay", legend=dict(orientation="h", y=-0.25))
+    return fig

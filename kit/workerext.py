@@ -170,6 +170,19 @@ class KitWorkerExtension:
         from vllm.distributed.parallel_state import get_pp_group
 
         return {"pp_rank": get_pp_group().rank_in_group, **_DRAFTER_CALLS}
+
+    def kit_trace_start(self) -> dict:
+        """Record each engine step on this rank from now on (:mod:`kit.steptrace`): forward, sample, MTP propose."""
+        from . import steptrace
+
+        return steptrace.start(self)
+
+    def kit_trace_read(self) -> dict:
+        """This rank's step events since ``kit_trace_start``."""
+        from . import steptrace
+
+        return steptrace.read()
+
     def kit_probe_start(self) -> bool:
         """Start counting sampled drafts against their predicted acceptance (:mod:`kit.acceptance_probe`)."""
         from . import acceptance_probe

@@ -38,6 +38,7 @@ SPEC = "mtp:2"           # METHOD:K
 NUM_PROMPTS = 4
 MAX_TOKENS = 32
 BREAK_PATCHES = "all,-pp_spec_schedule_gate,-decode_side_pp_spec_rule"   # "break it": one correctness patch off
+SHOW_DOCTOR = True       # run `kit doctor` below (about 10 s; the report lists the versions anyway)
 
 # %%
 import kit
@@ -51,7 +52,8 @@ kit.notebook.setup()
 
 # %%
 import subprocess, sys
-print(subprocess.run([sys.executable, "-m", "kit", "doctor"], capture_output=True, text=True).stdout)
+if SHOW_DOCTOR:
+    print(subprocess.run([sys.executable, "-m", "kit", "doctor"], capture_output=True, text=True).stdout)
 
 # %% [markdown]
 # ## A first run
@@ -82,9 +84,31 @@ plots.token_match(cmp.reference.token_ids, cmp.result.token_ids,
 # produced (fewer target forwards when drafts are accepted), never *which* tokens.
 
 # %%
-assert d["identical"], f"PP={PP} + {SPEC} diverged from the reference: {d['first_divergence']}"
-assert d["acceptance"]["num_drafts"] > 0, "the drafter never ran"
-print("claim holds: identical tokens,", d["acceptance"]["num_accepted_tokens"], "draft tokens accepted")
+from kit.notebook import claim
+claim(d["identical"], f"{topo.label()} gives the reference's tokens, all {sum(map(len, cmp.reference.token_ids))} of them",
+      d["first_divergence"])
+claim(d["acceptance"]["num_drafts"] > 0, f"the drafter ran: {d['acceptance']['num_accepted_tokens']} draft tokens accepted")
+
+# %% [markdown]
+# **Predict, then run:** the engine above generated every token shown. Did it need as many target forward passes
+# (verify rounds) as it generated tokens, fewer, or more?
+#
+# <details><summary>Answer</summary>
+#
+# Fewer. Each verify round yields its own token plus every accepted draft, so a round gives
+# 1 + (accepted drafts) tokens; with drafts accepted the rounds are fewer than the tokens. The cell below prints
+# this run's numbers and checks them.
+# </details>
+
+# %%
+from IPython.display import Markdown
+acc = cmp.result.spec
+generated = cmp.result.num_generated
+display(Markdown(f"**This run:** {generated} tokens for {len(prompts)} prompts in {acc.num_drafts} verify rounds "
+                 f"(plus one prefill per prompt); {acc.num_accepted_tokens} of {acc.num_draft_tokens} draft tokens "
+                 f"accepted, {acc.mean_acceptance_length:.2f} tokens per verify round."))
+claim(acc.num_accepted_tokens > 0 and acc.num_drafts < generated,
+      f"{acc.num_drafts} verify rounds for {generated} tokens: fewer target forwards than tokens")
 
 # %% [markdown]
 # ## Break it, then fix it
@@ -117,6 +141,6 @@ print(f"gate off: {len(wrong)} of {sum(map(len, ref_ids))} tokens differ; first 
 print("wrong tokens that another prompt's reference has nearby (prompt, position, token, from prompt):", leaks[:8])
 
 # %%
-assert first_divergence(cmp.reference, broken) is not None, "with the gate off the tokens did not change"
-assert d["identical"]
-print(f"claim holds: without pp_spec_schedule_gate {len(wrong)} tokens differ from the reference; with every patch on, none")
+claim(first_divergence(cmp.reference, broken) is not None and d["identical"],
+      f"without pp_spec_schedule_gate {len(wrong)} of {sum(map(len, ref_ids))} tokens differ from the reference; "
+      "with every patch on, none")

@@ -10,14 +10,18 @@
 # # Where does everything live under PP?
 #
 # **The question:** with PP=2 and PP=4, which rank holds which decoder layers, the embedding, the LM head,
-# the MTP drafter and which KV cache? Everything below is read from the **live engine**: the kit adds a method
-# to every vLLM worker (`worker_extension_cls`) and calls it with `LLM.collective_rpc`.
+# the MTP drafter and which KV cache? And how does one decode step with drafts travel across those ranks?
+# Everything below is read from the **live engine**: the kit adds methods to every vLLM worker
+# (`worker_extension_cls`) and calls them with `LLM.collective_rpc`; one of them times every step inside each worker.
 
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"
-RANDOM_WEIGHTS = True
-SPEC = "mtp:1"
+RANDOM_WEIGHTS = False   # the trained checkpoint: its drafts are accepted, so the step trace shows accepted drafts
+SPEC = "mtp:2"
 PP_SIZES = [2, 4]
+TRACE_PP = 2             # the engine of this PP size (one of PP_SIZES) also generates, with every step traced
+TRACE_PROMPTS = 2
+TRACE_TOKENS = 16
 PATCHES_FOR_FAILURE = "all,-drafter_only_on_last_rank"   # the run that shows what breaks
 
 # %%
@@ -28,18 +32,32 @@ kit.notebook.setup()
 
 # %% [markdown]
 # One engine per PP size in `PP_SIZES`, each started, asked and stopped (on 2 cores about 35 s at PP=2 and
-# 55 s at PP=4).
+# 55 s at PP=4). The `TRACE_PP` engine then also generates a few tokens with every step traced inside each worker
+# (`kit_trace_start` / `kit_trace_read`, see *One decode step with drafts, across the ranks* below), which adds a few seconds.
 
 # %%
 import pandas as pd
+from kit import engine, plots, steptrace
+from kit.compare import load_prompts
+from kit.notebook import claim
+from kit.placement import summary_rows
 from kit.topology import Topology
-from kit.placement import placement, summary_rows
-from kit import plots
+from IPython.display import Markdown
 
-layouts = {}
+trace_prompts = load_prompts(limit=TRACE_PROMPTS)
+layouts, trace, traced = {}, None, None
 for pp in PP_SIZES:
     topo = Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=pp, spec=SPEC)
-    layouts[pp] = placement(topo)
+    jobs = [{"kind": "inspect"}]
+    if pp == TRACE_PP:
+        jobs += [{"kind": "rpc", "method": "kit_trace_start"},
+                 {"kind": "generate", "prompts": trace_prompts, "max_tokens": TRACE_TOKENS},
+                 {"kind": "rpc", "method": "kit_trace_read"}]
+    res = engine.run(topo, jobs)
+    layouts[pp] = sorted(res["jobs"][0], key=lambda r: (r["pp_rank"], r["tp_rank"]))
+    if pp == TRACE_PP:
+        traced = engine.GenerationResult.from_dict(res["jobs"][2])
+        trace = steptrace.merge(res["jobs"][3])
     display(pd.DataFrame(summary_rows(layouts[pp])).set_index("pp_rank"))
 
 # %%
@@ -57,23 +75,23 @@ for pp, ranks in layouts.items():
 for pp, ranks in layouts.items():
     last = max(r["pp_rank"] for r in ranks)
     covered = sorted(i for r in ranks for i in r["layers"])
-    assert covered == list(range(n_layers)), f"PP={pp}: layers not partitioned: {covered}"
-    for r in ranks:
-        has_drafter = bool(r["drafter"] and r["drafter"].get("params"))
-        assert has_drafter == (r["pp_rank"] == last), f"PP={pp} rank {r['pp_rank']}: drafter placement"
-        assert r["embedding"] == (r["pp_rank"] == 0) and r["lm_head"] == (r["pp_rank"] == last)
-print("claim holds: layers partitioned, drafter / embedding / LM head where expected")
+    claim(covered == list(range(n_layers)), f"PP={pp}: the {n_layers} decoder layers are split over the {pp} ranks, "
+          "each layer on exactly one", covered)
+    where = {r["pp_rank"]: (bool(r["drafter"] and r["drafter"].get("params")), r["embedding"], r["lm_head"]) for r in ranks}
+    claim(all(v == (rk == last, rk == 0, rk == last) for rk, v in where.items()),
+          f"PP={pp}: the drafter and the LM head only on rank {last}, the embedding only on rank 0",
+          "(drafter, embedding, lm_head) per rank: " + str(where))
 
 # %% [markdown]
 # ## The KV cache of each rank
-# **Predict, then look:** at PP=4 with a 4-layer target and one MTP layer, how many layers' KV does each rank
-# allocate, and which rank holds the MTP layer's?
+# **Predict, then look:** at the largest PP size run here, how many layers' KV does each rank allocate, and which
+# rank holds the MTP layer's?
 #
 # <details><summary>Answer</summary>
 #
-# One target layer each, and the last rank one more: the MTP layer's KV (`model.layers.4`, named after all target
-# layers), because the drafter that attends over it runs there. The picture and the cell below read it from the
-# live workers' KV cache configuration.
+# Each rank its own target layers, and the last rank one more: the MTP layer's KV (`model.layers.<L>` for a target of
+# L layers: vLLM names it after all target layers), because the drafter that attends over it runs there. The picture
+# and the claims below read it from the live workers' KV cache configuration.
 # </details>
 
 # %%
@@ -83,8 +101,8 @@ for pp, ranks in layouts.items():
     for r in ranks:
         got = sorted(int(n.split(".")[2]) for n in r["kv_cache"]["layers"])
         want = sorted(r["layers"]) + ([n_layers] if r["pp_rank"] == last else [])
-        assert got == want, f"PP={pp} rank {r['pp_rank']}: KV for layers {got}, expected {want}"
-print("claim holds: each rank allocates KV for its own target layers only, and the last rank also for the MTP layer")
+        claim(got == want, f"PP={pp} rank {r['pp_rank']}: KV for layers {got}"
+              + (f" (layer {n_layers}: the MTP layer)" if r["pp_rank"] == last else ""), f"expected {want}")
 
 # %% [markdown]
 # ## The failure without the kit's drafter guard
@@ -94,6 +112,7 @@ print("claim holds: each rank allocates KV for its own target layers only, and t
 
 # %%
 from kit.engine import EngineError
+from kit.placement import placement
 err = None
 try:
     placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=2, spec=SPEC),
@@ -103,5 +122,113 @@ except EngineError as e:
 print(err or "no error: the run started")
 
 # %%
-assert err is not None and "has no attribute 'drafter'" in err, "expected the missing-drafter crash"
-print("as expected: the non-last rank touched a drafter it does not have")
+claim(err is not None and "has no attribute 'drafter'" in err,
+      "without drafter_only_on_last_rank a non-last rank touches a drafter it does not have, and the engine fails",
+      "expected the missing-drafter crash")
+
+# %% [markdown]
+# ## One decode step with drafts, across the ranks
+# The `TRACE_PP` engine above generated a few tokens with every step traced inside each worker (`kit.steptrace`:
+# timestamps from `time.monotonic()`, one clock for all processes on the host). In one step: the engine core's
+# scheduler sends the step's requests to every rank; rank 0 embeds the tokens (the request's newest token plus its
+# k drafts from the previous step) and runs its layers; the hidden states go stage to stage; the last rank runs its
+# layers and the LM head and samples, which verifies the drafts (accepted: the longest prefix the target agrees
+# with); then the MTP layer takes the last hidden state and the sampled token and proposes the next k drafts. The
+# engine core collects the drafts, its scheduler puts them into the request's *next* step, on rank 0 again.
+#
+# **Predict, then run:** two requests decode at PP=2, and vLLM keeps up to PP steps in flight so that both stages
+# can work at once. Will rank 0 run one step while the last rank still runs the one before? And can one request be
+# in two consecutive steps?
+#
+# <details><summary>Answer</summary>
+#
+# Neither, on vLLM 0.32 with drafts and sync scheduling. Right after it submits a step, the engine core asks the
+# last rank for that step's drafts (`EngineCore.post_step` -> `take_draft_token_ids`), and the call waits until the
+# step has been sampled and drafted: the steps run one after another (the `drafts to the scheduler` lane). The
+# drafts reach the request *before* the step's sampled tokens are processed (`update_from_output` comes in the next
+# loop), so when the scheduler plans the next step the request still counts as in flight but already carries k
+# drafts. Stock vLLM then schedules it again, the drafts at the wrong positions, and the last stage reads another
+# request's logits (notebook 00 breaks it). The kit's `pp_spec_schedule_gate` hides those drafts while the request
+# is in flight, so it is skipped and the next step carries the other request: the steps alternate. The cell under
+# the picture checks all three.
+# </details>
+
+# %%
+last_rank = TRACE_PP - 1
+by_step = steptrace.steps(trace)
+ran = [s for s, v in sorted(by_step.items()) if 0 in v["forward"]]   # the steps that computed something
+# A window of decode steps (every request past its prefill) from the middle of the run.
+decode = [s for s in ran if all(n <= 1 + 8 for n, _ in by_step[s]["forward"][0]["reqs"].values())]
+window = decode[len(decode) // 3: len(decode) // 3 + 4]
+plots.step_swimlane(trace, TRACE_PP, steps=window,
+                    title=f"{Topology(model=MODEL, pp=TRACE_PP, spec=SPEC).label()}: decode steps {window[0]}-{window[-1]} "
+                    "as each rank ran them (s<step> <request>, h<N>: rank 0's history N tokens short)").update_layout(meta="main").show()
+
+# %% [markdown]
+# **What it shows:** each row is one process's work; time runs left to right (hover a bar for its tokens and
+# drafts). A step's bar on rank 0 is followed by
+# the same step on the last rank (its grey part: waiting for rank 0's hidden states), the sample (`r:N ok`: drafts
+# accepted) and the MTP layer's proposal; then the engine core collects the drafts, and the arrow is their way back
+# through the scheduler to that request's next step on rank 0. Consecutive steps carry different requests, and no
+# step starts before the previous one has been drafted.
+#
+# The `hN` marks are the second correctness patch at work. Rank 0 is sent only each request's newest sampled
+# token, never the drafts the last rank accepted, so at the start of a step its copy of the request's token history
+# is short by exactly the drafts accepted in the request's previous step. `pp_spec_token_history` fills them in
+# (they are a prefix of the drafts rank 0 was sent); without it, a request that leaves the batch and comes back is
+# rebuilt on rank 0 from a history with holes, and the first stage embeds the wrong tokens.
+
+# %%
+kinds_on = {kind: sorted({e["rank"] for e in trace if e["kind"] == kind}) for kind in ("forward", "sample", "propose")}
+claim(kinds_on["propose"] == [last_rank] and kinds_on["sample"] == [last_rank] and kinds_on["forward"] == list(range(TRACE_PP)),
+      f"every rank runs a forward per step; only the last rank ({last_rank}) samples and runs the MTP drafter "
+      f"({sum(e['kind'] == 'propose' for e in trace)} proposals)", kinds_on)
+overlap = [(a, b) for a, b in zip(ran, ran[1:]) if by_step[a]["propose"] is None
+           or min(f["t0"] for f in by_step[b]["forward"].values()) < by_step[a]["propose"]["t1"]]
+claim(not overlap, f"the {len(ran)} steps ran one after another: no step started on any rank before the previous "
+      "step's drafts were proposed", overlap)
+# Per request, its steps in order: (step, rank 0's start, when its drafts were proposed, drafts it verifies)
+flights = {}
+for s in ran:
+    v = by_step[s]
+    for r, (n, k) in v["forward"][0]["reqs"].items():
+        flights.setdefault(r, []).append((s, v["forward"][0]["t0"], v["propose"]["t1"], k))
+# While two or more requests run (each between its first and its last step), consecutive steps carry different
+# requests; a request left alone is scheduled again as soon as its step is back.
+span = {r: (fl[0][0], fl[-1][0]) for r, fl in flights.items()}
+busy = [(a, b) for a, b in zip(ran, ran[1:]) if sum(lo <= a and b <= hi for lo, hi in span.values()) >= 2]
+twice = [(a, b) for a, b in busy if set(by_step[a]["forward"][0]["reqs"]) & set(by_step[b]["forward"][0]["reqs"])]
+claim(len(busy) > 0 and not twice, f"while {len(flights)} requests ran, no request was in two consecutive steps of "
+      f"{len(busy) + 1} (the gate skips a request while its step is in flight)", twice)
+late = [(r, a[0], b[0]) for r, fl in flights.items() for a, b in zip(fl, fl[1:]) if b[1] < a[2]]
+with_drafts = sum(1 for fl in flights.values() for x in fl[1:] if x[3] > 0)
+claim(with_drafts > 0 and not late, f"each of the {with_drafts} steps that verify drafts started after those drafts "
+      "were proposed", late)
+
+# %% [markdown]
+# **Predict, then run:** at the start of a request's step, by how many tokens is rank 0's copy of its token history
+# short of what the scheduler has counted?
+#
+# <details><summary>Answer</summary>
+#
+# By the number of drafts the last rank accepted in the request's previous step (0 when none was accepted). The
+# cell below compares the two for every step of the run.
+# </details>
+
+# %%
+accepted_at = {(r, s): a for s, v in by_step.items() if v["sample"] for r, a in v["sample"]["accepted"].items()}
+pairs = []   # (request, step, history gap on rank 0, drafts accepted in the request's previous step)
+for r, fl in flights.items():
+    for prev, nxt in zip(fl, fl[1:]):
+        gap = by_step[nxt[0]]["forward"][0]["history_gap"].get(r)
+        if gap is not None:
+            pairs.append((r, nxt[0], gap, accepted_at.get((r, prev[0]))))
+mismatch = [p for p in pairs if p[2] != p[3]]
+total_gap = sum(p[2] for p in pairs)
+display(Markdown(f"**This run:** {len(pairs)} steps of {len(flights)} requests on rank 0; the history was short in "
+                 f"{sum(p[2] > 0 for p in pairs)} of them, by {total_gap} tokens in all, and the last rank had accepted "
+                 f"{sum(p[3] or 0 for p in pairs)} drafts in the steps before them. Tokens generated: "
+                 f"{traced.num_generated}, drafts accepted: {traced.spec.num_accepted_tokens}."))
+claim(bool(pairs) and not mismatch and total_gap > 0,
+      f"rank 0's history is short by exactly the drafts the last rank accepted in the previous step ({total_gap} tokens "
+      f"over {len(pairs)} steps): what pp_spec_token_history fills in", mismatch[:5])

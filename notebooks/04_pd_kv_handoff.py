@@ -35,7 +35,7 @@ import kit.notebook
 kit.notebook.setup()
 
 # %%
-from kit import pd
+from kit import pd, plots
 from kit.compare import load_prompts
 
 producer, consumer = pd.pd_topologies(MODEL, PRODUCER_PP, PRODUCER_SPEC, CONSUMER_PP, CONSUMER_SPEC,
@@ -124,13 +124,28 @@ fig.show()
 # the prompt itself), split at its first token where that time was measured.
 
 # %%
-assert d["identical"], f"consumer tokens differ from the colocated reference: {d['first_divergence']}"
-assert d["consumer_prefill_tokens_computed"] == 0, "the consumer recomputed prompt tokens: the handoff did not work"
-assert d["kv_bytes_transferred"] == d["kv_bytes_expected"], (d["kv_bytes_transferred"], d["kv_bytes_expected"])
-assert all(r["kv_bytes_transferred"] == e for r, e in zip(d["requests"], d["kv_expected"]["per_request"]))
+from kit.notebook import claim
+claim(d["identical"], f"the consumer's {sum(len(t) for t in reference.token_ids)} tokens are the plain engine's",
+      d["first_divergence"])
+claim(d["consumer_prefill_tokens_computed"] == 0,
+      f"the consumer computed none of the {d['prompt_tokens']} prompt tokens itself (received {d['consumer_external_tokens']})")
+claim(d["kv_bytes_transferred"] == d["kv_bytes_expected"]
+      and all(r["kv_bytes_transferred"] == e for r, e in zip(d["requests"], d["kv_expected"]["per_request"])),
+      f"every request's KV bytes measured = expected from the shape ({d['kv_bytes_transferred']:,} B in all)",
+      (d["kv_bytes_transferred"], d["kv_bytes_expected"]))
 if producer.spec and consumer.spec:
-    assert f"model.layers.{producer.info.num_layers}" in d["kv_expected"]["layers"], "the MTP layer's KV must move"
-print("claims hold: identical tokens, no prompt token recomputed, every byte accounted for")
+    claim(f"model.layers.{producer.info.num_layers}" in d["kv_expected"]["layers"],
+          f"the MTP layer's KV (model.layers.{producer.info.num_layers}) is among the layers that move")
+
+# %% [markdown]
+# **Predict, then run:** how many prompt tokens did the consumer compute itself, and why?
+#
+# <details><summary>Answer</summary>
+#
+# None: every prompt token's KV arrived from the producer, so the consumer's scheduler counts them as computed
+# ("external") tokens and starts decoding at once. The claim above checks it; had the handoff failed, vLLM would
+# recompute the prompt on the consumer and the count would be the prompt length.
+# </details>
 
 # %% [markdown]
 # ## Does the consumer's drafter accept as much as on one engine?
@@ -163,11 +178,11 @@ fig2.show()
 # rejected; every later round matches the colocated engine's one for one.
 
 # %%
-assert a["accepted_equal"], ("the consumer's drafter accepted differently from one engine: "
-                             f"{a['consumer']['per_position']} vs {a['colocated']['per_position']}")
-assert a["colocated_tokens_identical_to_reference"]
-assert 0 <= a["extra_draft_rounds"] <= a["requests"], a
-print("claim holds: same accepted drafts per position as one engine; at most one extra round per request")
+claim(a["accepted_equal"], f"the consumer accepted the same drafts per position as one engine: {a['consumer']['per_position']}",
+      f"{a['consumer']['per_position']} vs {a['colocated']['per_position']}")
+claim(a["colocated_tokens_identical_to_reference"], "the colocated engine's tokens are the reference's")
+claim(0 <= a["extra_draft_rounds"] <= a["requests"],
+      f"{a['extra_draft_rounds']} extra verify rounds on the consumer for {a['requests']} requests: at most one each", a)
 from IPython.display import Markdown
 display(Markdown(
     f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens, {producer.label()} -> {consumer.label()}): "
@@ -183,6 +198,17 @@ display(Markdown(
 # handshake's compatibility hash covers the MTP configuration (`NIXL compatibility hash mismatch`) — so this
 # run turns that check off (`enforce_handshake_compat=false`, a documented connector option). The consumer's
 # MTP layer then attends over prompt KV blocks that were never written. One more server pair: about 75 s on 2 cores.
+#
+# **Predict, then run:** in the run above, which producer rank sent the MTP layer's KV? And in this run, how many
+# bytes will the connector move for the MTP layer?
+#
+# <details><summary>Answer</summary>
+#
+# The last rank: the MTP layer lives with the drafter there, so its KV is written there and leaves from there.
+# In this run none: the producer has no MTP layer, so nothing is written or sent for it; the consumer's MTP layer
+# reads blocks nobody filled. The picture after the run shows both runs layer by layer, and the cell under it checks
+# both answers.
+# </details>
 
 # %%
 # Push from a PP=2 producer is the only 0.32 NIXL path that leaves one consumer layer out (each producer stage
@@ -214,13 +240,44 @@ fig3.show()
 # (this run's counts are printed below the assertions). That is why the kit counts the MTP layer among the layers that must move,
 # and why vLLM's handshake refuses a producer whose MTP configuration differs.
 
+# %% [markdown]
+# ## The KV that moved, layer by layer
+# Each run's moved layers, a bar per layer coloured by the producer rank that holds it (vLLM's `get_pp_indices`
+# split; the MTP layer on the last rank, outlined red). A layer's bar is every request's whole blocks times one
+# layer's block bytes (block size and prompt lengths as the servers reported them); the bars of a run add up to the
+# bytes the connector reported moving, which the cell below checks.
+
 # %%
-assert w["identical"], f"withholding the drafter's KV changed the tokens: {w['first_divergence']}"
-assert w["handoff_ok"], w["handoff_checks"]
-assert f"model.layers.{producer.info.num_layers}" not in w["kv_expected"]["layers"]
-assert without_kv["num_accepted_tokens"] < with_kv["num_accepted_tokens"], (without_kv, with_kv)
-assert without_kv["num_drafts"] >= with_kv["num_drafts"], (without_kv, with_kv)
-print("claims hold: same tokens; fewer accepted drafts and no fewer rounds without the MTP layer's KV")
+mtp_name = f"model.layers.{producer.info.num_layers}"
+def layer_bytes(run, prod):
+    e = run["kv_expected"]
+    per_layer = sum(e["blocks"]) * e["bytes_per_layer_block"]
+    ranks = {}
+    for n in e["layers"]:
+        i = int(n.split(".")[2])
+        ranks[n] = next((r for r in range(prod.pp) if get_pp_indices(n_target, r, prod.pp)[0] <= i
+                         < get_pp_indices(n_target, r, prod.pp)[1]), prod.pp - 1)   # past the target: the MTP layer
+    return {"layers": {n: per_layer for n in e["layers"]}, "rank": ranks, "mtp": mtp_name}
+per_layer = {f"MTP layer's KV sent ({producer.label()})": layer_bytes(d, producer),
+             f"withheld ({no_mtp_producer.label()})": layer_bytes(w, no_mtp_producer)}
+plots.kv_bytes_per_layer(per_layer, title=f"KV bytes per layer, by the producer rank that sent them "
+                         f"({NUM_PROMPTS} prompts)").update_layout(meta="main").show()
+
+# %%
+sent, withheld = per_layer.values()
+claim(sum(sent["layers"].values()) == d["kv_bytes_transferred"] and sum(withheld["layers"].values()) == w["kv_bytes_transferred"],
+      f"the per-layer bars add up to the connector's bytes: {d['kv_bytes_transferred']:,} and {w['kv_bytes_transferred']:,}")
+if producer.spec and consumer.spec:
+    claim(sent["rank"].get(mtp_name) == producer.pp - 1,
+          f"the MTP layer's KV ({sent['layers'][mtp_name]:,} B) was sent by the last producer rank, {producer.pp - 1}")
+claim(withheld["layers"].get(mtp_name, 0) == 0, "in the withheld run no byte moved for the MTP layer")
+claim(w["identical"], "withholding the MTP layer's KV leaves the tokens unchanged", w["first_divergence"])
+claim(w["handoff_ok"], "the withheld run's handoff checks pass", w["handoff_checks"])
+claim(mtp_name not in w["kv_expected"]["layers"], "the MTP layer is not among the withheld run's moved layers")
+claim(without_kv["num_accepted_tokens"] < with_kv["num_accepted_tokens"] and without_kv["num_drafts"] >= with_kv["num_drafts"],
+      f"without the MTP layer's KV the consumer accepted fewer drafts ({without_kv['num_accepted_tokens']} vs "
+      f"{with_kv['num_accepted_tokens']}) in no fewer rounds ({without_kv['num_drafts']} vs {with_kv['num_drafts']})",
+      (without_kv, with_kv))
 display(Markdown(
     f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens): accepted {without_kv['num_accepted_tokens']} "
     f"{list(without_kv['per_position'])} in {without_kv['num_drafts']} rounds without the MTP layer's KV, against "
@@ -260,6 +317,7 @@ try:
 except TopologyError as e:
     rule_err = str(e)
 print(rule_err or "no error: the engine ran")
-assert rule_err and "only supported on the prefill side" in rule_err, "expected the decode-side rule to refuse"
-print("as expected: refused before any process started; the same topology with the fix active is allowed")
-engine.precheck(t)   # default KIT_PATCHES=all: allowed
+engine.precheck(t)   # default KIT_PATCHES=all: allowed (raises otherwise)
+claim(bool(rule_err) and "only supported on the prefill side" in rule_err,
+      "with the correctness patches off the decode-side rule refuses PP=2 + MTP before any process starts; "
+      "with them on it is allowed")

@@ -28,3 +28,32 @@ def test_eagle3_names_per_rank_follow_vllms_split():
     assert all(r["draft"] is None for rows in per_rank.values() for r in rows[:-1])
     with pytest.raises(ValueError):
         eagle3_layer_names(4, 2, "half")
+
+
+def test_steptrace_merge_names_requests_and_groups_steps():
+    from kit import steptrace
+
+    rank0 = {"events": [{"kind": "forward", "rank": 0, "t0": 1.0, "t1": 2.0, "step": 3,
+                         "reqs": {"abc": [3, 2]}, "history_gap": {"abc": 1}, "hidden_in": None}]}
+    rank1 = {"events": [{"kind": "forward", "rank": 1, "t0": 1.0, "t1": 3.0, "step": 3, "reqs": {"abc": [3, 2]},
+                         "history_gap": {}, "hidden_in": 2.5},
+                        {"kind": "sample", "rank": 1, "t0": 3.0, "t1": 3.1, "step": 3, "accepted": {"abc": 1}},
+                        {"kind": "propose", "rank": 1, "t0": 3.05, "t1": 3.09, "step": 3, "reqs": ["abc"], "k": 2}]}
+    ev = steptrace.merge([rank1, rank0])
+    assert [e["rank"] for e in ev[:2]] == [0, 1]  # same start: rank order
+    assert ev[0]["reqs"] == {"r0": [3, 2]} and ev[0]["history_gap"] == {"r0": 1}
+    by = steptrace.steps(ev)
+    assert set(by[3]["forward"]) == {0, 1}
+    assert by[3]["sample"]["accepted"] == {"r0": 1} and by[3]["propose"]["reqs"] == ["r0"]
+    fig = plots.step_swimlane(ev, 2, steps=[3])
+    assert len(fig.data) == 5  # rank 0 forward, rank 1 waiting + forward, sample, propose
+    assert len(fig.layout.annotations) == 0  # no later step of r0 in the window: no arrow
+
+
+def test_kv_bytes_per_layer_draws_an_empty_mtp_slot():
+    fig = plots.kv_bytes_per_layer({
+        "sent": {"layers": {"model.layers.0": 10, "model.layers.1": 10}, "rank": {"model.layers.0": 0, "model.layers.1": 1},
+                 "mtp": "model.layers.1"},
+        "withheld": {"layers": {"model.layers.0": 10}, "rank": {"model.layers.0": 0}, "mtp": "model.layers.1"}})
+    ys = [(t.x[0], t.y[0]) for t in fig.data]
+    assert ys == [("layers.0", 10), ("layers.1 (MTP)", 10), ("layers.0", 10), ("layers.1 (MTP)", 0)]
