@@ -131,11 +131,35 @@ class MultiNode:
                                  quiet=self.quiet, host=lead.ip, prefix=_pin(lead.cores),
                                  extra_args=t.node_flags(0, lead.ip, self.master_port))
             self.nodes.insert(0, node)
-            self._watched("start-up", node.server.start, timeout)
+            self._start_leader(node.server, timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_leader(self, server: Server, timeout: float) -> None:
+        """``server.start`` in this thread (the kit's children die with the thread that started them:
+        ``PR_SET_PDEATHSIG``), while a watcher thread ends it if a follower dies meanwhile."""
+        stop, dead = threading.Event(), {}
+
+        def watch() -> None:
+            while not stop.wait(1.0):
+                dead.update({n.rank: d for n in self.nodes[1:] if (d := n.death())})
+                if dead and server.proc is not None:
+                    server.proc.terminate(grace=2.0)  # start() then fails at its next poll
+                    return
+
+        th = threading.Thread(target=watch, daemon=True, name="nodes-start-watch")
+        th.start()
+        try:
+            server.start(timeout)
+        except EngineError as e:
+            if dead:
+                raise NodeError("start-up abandoned: " + "; ".join(dead[r] for r in sorted(dead))) from None
+            raise NodeError(str(e).replace(server.name, self.nodes[0].name, 1)) from None
+        finally:
+            stop.set()
+            th.join()
 
     def stop(self) -> None:
         """End every node's tree (followers first, then the leader)."""
