@@ -58,7 +58,12 @@ def _wrap(orig):
             return orig(hostname, port, rank, world_size, timeout, use_libuv)
         if not 0 <= port < 2**16:
             raise ValueError(f"port must have value from 0 to 65535 but was {port}.")
-        s = listen_socket(hostname, port)
+        try:
+            s = listen_socket(hostname, port)
+        except OSError:
+            # The port is taken, e.g. by a multi-tenant store this process already serves on it (vLLM's Ray
+            # executor creates one before the rendezvous): torch's own call reuses that one.
+            return orig(hostname, port, rank, world_size, timeout, use_libuv)
         fd = s.detach()
         try:
             # As torch's own call, plus the bound socket.
