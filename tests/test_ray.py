@@ -1,12 +1,14 @@
 """vLLM's Ray executor on a local two-node Ray cluster (loopback): PP=2 + MTP k=2 on CPU.
 
 Skipped when Ray is not installed (it is not a kit dependency: ``pip install "ray[default]==2.60.0"``).
-On vLLM 0.32.0's CPU build the Ray executor does not start: ``CpuPlatform.ray_device_key`` is empty
+On vLLM 0.32.0's CPU build the Ray executor does not start without the kit's ``cpu_ray_executor`` patch:
+``CpuPlatform.ray_device_key`` is empty
 (``vllm/platforms/interface.py``; only CUDA, ROCm and XPU set ``"GPU"``), so
 ``initialize_ray_cluster`` (``vllm/v1/executor/ray_utils.py``) raises
 ``ValueError: current platform cpu does not support ray.`` right after ``ray.init`` — with the default
-``RayExecutorV2`` and with the legacy ``RayDistributedExecutor`` alike. The xfail is strict: when a
-vLLM version runs it, this test fails and says so. See docs/ray.md.
+``RayExecutorV2`` and with the legacy ``RayDistributedExecutor`` alike. With the patch (default) RayExecutorV2
+runs PP=2 + MTP k=2 over the two nodes, token-identical to the PP=1 reference; without it the refusal is kept
+visible. See docs/ray.md and docs/multinode.md.
 """
 import json
 
@@ -35,27 +37,29 @@ def test_local_ray_cluster_two_nodes_and_clean_teardown(no_leftovers):
     assert c.leftovers() == []
 
 
-@pytest.mark.xfail(strict=True, raises=engine.EngineError,
-                   reason="vLLM 0.32.0 CPU build: the Ray executor refuses the CPU platform "
-                          "('current platform cpu does not support ray.', empty CpuPlatform.ray_device_key)")
 def test_pp2_mtp2_on_ray_executor_two_nodes(tmp_path, no_leftovers):
     log = tmp_path / "plugin.jsonl"
     topo = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", backend="ray")
     with LocalRayCluster(num_nodes=2, cpus_per_node=1, attach_env=False,
                          node_env=lambda i: {"VLLM_CPU_OMP_THREADS_BIND": str(i)}) as c:
-        try:
-            res = engine.run(topo, [{"kind": "generate", "prompts": PROMPTS, "max_tokens": 16},
-                                    {"kind": "inspect"}],
-                             timeout=600, env={**c.env(), "KIT_PATCH_LOG": str(log)})
-        except engine.EngineError as e:
-            if KNOWN not in str(e):  # a different failure is a real failure, not this xfail
-                pytest.fail(f"the Ray run failed, but not with the known CPU-platform refusal: {e}")
-            raise
-    # Reached only when a vLLM version runs the Ray executor on CPU: then it must be right.
+        res = engine.run(topo, [{"kind": "generate", "prompts": PROMPTS, "max_tokens": 16},
+                                {"kind": "inspect"}],
+                         timeout=600, env={**c.env(), "KIT_PATCH_LOG": str(log)})
     got = res["jobs"][0]["token_ids"]
     placement = res["jobs"][1]
     assert sorted(p["pp_rank"] for p in placement) == [0, 1]
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     assert any("drafter_only_on_last_rank" in r["applied"] for r in recs)
+    assert any("cpu_ray_executor" in r["applied"] for r in recs)
     ref = engine.generate(topo.reference(), PROMPTS, max_tokens=16)
     assert got == ref.token_ids
+
+
+def test_ray_executor_without_the_patch_refuses_the_cpu_platform(no_leftovers):
+    """The defect, kept visible: without cpu_ray_executor vLLM 0.32's CPU build refuses the Ray executor."""
+    topo = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", backend="ray")
+    with LocalRayCluster(num_nodes=2, cpus_per_node=1, attach_env=False,
+                         node_env=lambda i: {"VLLM_CPU_OMP_THREADS_BIND": str(i)}) as c:
+        with pytest.raises(engine.EngineError, match=KNOWN):
+            engine.run(topo, [{"kind": "generate", "prompts": PROMPTS, "max_tokens": 16}], timeout=600,
+                       env={**c.env(), "KIT_PATCHES": "all,-cpu_ray_executor"})

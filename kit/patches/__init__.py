@@ -56,6 +56,9 @@ INDEX: tuple[str, ...] = (
     "pp_kv_layout_intersect",
     "drafter_only_on_last_rank",
     "eager_pp_intermediate_buffers",
+    # multi-node runs (vLLM's --nnodes launch)
+    "tcp_store_bind_host",
+    "cpu_ray_executor",
     # correctness of PP + speculation (V1 runner, sync scheduling)
     "pp_spec_schedule_gate",
     "pp_spec_token_history",
