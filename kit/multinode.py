@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
+from .httpclient import client
 from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server, _check_patch_log, free_port, precheck
 from .metrics import SpecCounters, parse_prometheus
 from .models import cache_dir
@@ -212,10 +212,9 @@ class MultiNode:
 
     # -- requests ---------------------------------------------------------------------------------
     def _get(self, path: str) -> str:
-        with httpx.Client(trust_env=False) as c:
-            r = c.get(self.leader.url + path, timeout=30)
-            r.raise_for_status()
-            return r.text
+        r = client().get(self.leader.url + path, timeout=30)
+        r.raise_for_status()
+        return r.text
 
     def counters(self) -> SpecCounters:
         return SpecCounters.from_samples(parse_prometheus(self._get("/metrics")))
@@ -230,11 +229,10 @@ class MultiNode:
                 "ignore_eos": True, "return_token_ids": True}
 
         def call() -> dict:
-            with httpx.Client(trust_env=False) as c:
-                r = c.post(self.leader.url + "/v1/completions", json=body, timeout=timeout)
-                if r.status_code != 200:
-                    raise NodeError(f"/v1/completions on node 0 answered HTTP {r.status_code}: {r.text[:600]}")
-                return r.json()
+            r = client().post(self.leader.url + "/v1/completions", json=body, timeout=timeout)
+            if r.status_code != 200:
+                raise NodeError(f"/v1/completions on node 0 answered HTTP {r.status_code}: {r.text[:600]}")
+            return r.json()
 
         before = self.counters()
         t0 = time.monotonic()

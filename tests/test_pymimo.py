@@ -134,6 +134,7 @@ def test_checkpoint_layout_size_and_manifest():
     assert info.has_trained_weights and info.num_layers == 8 and info.num_mtp_layers == 1
 
 
+@pytest.mark.slow  # CI: tiny-mimo's parity covers the same vLLM classes and checkpoint code; 05 runs this model
 @pytest.mark.engine
 @needs_model
 def test_parity_with_vllm(tmp_path):
