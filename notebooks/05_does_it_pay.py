@@ -138,7 +138,7 @@ box
 # ## A small live run
 # `LIVE_MODEL` at PP=`LIVE_PP`, batch `LIVE_BATCH`, with and without MTP, one fresh engine each, timers on
 # (the same path as `kit bench --breakdown`); a few short requests, so noisier than the table above. The prediction
-# uses the step costs of the measured table where it has this (model, PP, batch), and the live acceptance.
+# uses this run's own step costs (fixed cost, forward, drafter, timed in the workers) and its own acceptance.
 
 # %%
 from kit.bench import aggregate, measure_batches, payoff_rows
@@ -161,7 +161,7 @@ pd.DataFrame([{"spec": r["label"], "decode tok/s": round(r["decode_tok_s"], 1),
 
 # %%
 base = next(r for r in live if r["k"] == 0)
-ref = costs.get((LIVE_MODEL, LIVE_PP, LIVE_BATCH)) or payoff.costs_by_group(live)[(LIVE_MODEL, LIVE_PP, LIVE_BATCH)]
+ref = payoff.costs_by_group(live)[(LIVE_MODEL, LIVE_PP, LIVE_BATCH)]  # this run's costs, not the table's machine state
 for r in live:
     if r["k"] == 0:
         continue
