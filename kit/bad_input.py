@@ -131,6 +131,10 @@ CASES: list[Case] = [
     cli("--env without =", f"{B} --env NOVALUE", "--env wants KEY=VALUE"),
     cli("--write a directory", f"{B} --write {TMP}/dir", "is a directory"),
     cli("--write into a missing folder", f"{B} --write {TMP}/missing/bench.md", "does not exist"),
+    cli("--runner v2 on the CPU build", f"{B} --runner v2", "runner v2 cannot run on device cpu"),
+    # --runner (kit compare; kit bench shares the flag)
+    cli("--runner unknown", f"{C} --runner v3", "argument --runner: invalid choice: 'v3'"),
+    cli("--runner v2 on the CPU build", f"{C} --pp 2 --spec mtp:2 --runner v2", "runner v2 cannot run on device cpu"),
     # the other subcommands
     cli("unknown subcommand", "nosuch", "invalid choice: 'nosuch'"),
     cli("kit doctor: unknown option", "doctor --bogus", "unrecognized arguments: --bogus"),
@@ -152,6 +156,8 @@ CASES: list[Case] = [
     api("seed negative (no .tmp checkpoint left)", 'Topology("tiny-mimo", random_weights=True, seed=-1)',
         "seed must be >= 0"),
     api("pp as a string", 'Topology("tiny-mimo", random_weights=True, pp="2")', "pp must be an integer"),
+    api("runner unknown", 'Topology("tiny-mimo", random_weights=True, runner="V2")', "runner must be one of auto, v1, v2"),
+    api("runner v2 on device cpu", 'T.with_(runner="v2")', "runner v2 cannot run on device cpu"),
     api("max_num_seqs not an integer", 'Topology("tiny-mimo", random_weights=True, max_num_seqs=2.5)',
         "max_num_seqs must be an integer"),
     api("a string as the prompts list", 'generate(T, "Hello")', "prompts must be a list of strings, got a str"),

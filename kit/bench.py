@@ -16,7 +16,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens,
+from .command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, add_runner_flag, check_max_tokens,
                       parse_assignments, read_prompts)
 from .engine import run as run_engine
 from .procs import leftover_vllm_processes
@@ -356,6 +356,7 @@ def register(sub) -> None:
     p = add_command(sub, "bench", run, help="start-up, TTFT, decode speed, acceptance and memory per topology",
                     description=__doc__)
     add_model_flags(p)
+    add_runner_flag(p)
     p.add_argument("--pp", default="1,2,4", help="PP sizes of the grid, comma-separated")
     p.add_argument("--spec", default="none,mtp:1,mtp:2,mtp:3", help="spec settings of the grid, comma-separated")
     p.add_argument("--repeats", type=arg_count, default=3)
@@ -404,7 +405,8 @@ def run(args: argparse.Namespace) -> int:
     pd_cases = parse_pd_cases(args.pd)
     extra_env = parse_assignments(args.env, "--env")
     prompts = read_prompts(args)
-    common = {"model": args.model, "random_weights": args.random, "seed": args.seed, "dtype": args.dtype}
+    common = {"model": args.model, "random_weights": args.random, "seed": args.seed, "dtype": args.dtype,
+              "runner": args.runner}
     check_max_tokens(args.max_tokens, Topology(**common).model_len)
     started = datetime.now(timezone.utc)
     out: list[str] = []
@@ -442,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
             cases.append((f"pp2 none [{'eager' if eager else 'compiled'}]", t, None))
     for ppp, pspec, cpp, cspec in ([] if args.from_runs else pd_cases):
         p, c = pd_topologies(args.model, ppp, pspec, cpp, cspec, random_weights=args.random, seed=args.seed,
-                             dtype=args.dtype)
+                             dtype=args.dtype, runner=args.runner)
         conn = choose_connector(p, c)[0]
         cases.append((f"PD pp{ppp} {pspec or 'none'} -> pp{cpp} {cspec or 'none'} [{conn}]", (p, c), None))
     if args.from_runs:

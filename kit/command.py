@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Callable
 
-from .topology import TopologyError
+from .topology import RUNNERS, TopologyError
 from .validate import arg_count, arg_seconds, arg_seed
 
 
@@ -37,6 +37,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random", action="store_true", help="seeded random weights (normal init) instead of trained")
     p.add_argument("--seed", type=arg_seed, default=0)
     p.add_argument("--dtype", default="float32")
+
+
+def add_runner_flag(p: argparse.ArgumentParser) -> None:
+    """``--runner auto|v1|v2``: vLLM's model runner for every engine (:attr:`kit.topology.Topology.runner`)."""
+    p.add_argument("--runner", choices=RUNNERS, default="auto",
+                   help="vLLM's model runner: auto (vLLM's default: V1 on this CPU build, V2 on CUDA), v1 (the one "
+                        "the kit's correctness patches target) or v2 (needs Triton: refused on device cpu)")
 
 
 def add_prompt_flags(p: argparse.ArgumentParser, limit: int | None = None) -> None:

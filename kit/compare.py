@@ -6,7 +6,8 @@ import json
 import sys
 from dataclasses import dataclass
 
-from .command import add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens, read_prompts
+from .command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, add_runner_flag, check_max_tokens,
+                      read_prompts)
 from .engine import EngineError, GenerationResult, generate
 from .prompts import DEFAULT_PROMPTS, load_prompts  # noqa: F401 - kit.compare.load_prompts is public
 from .topology import Spec, Topology, TopologyError
@@ -107,6 +108,7 @@ def register(sub) -> None:
     """Add ``kit compare`` to the ``kit`` command tree (exit 0 identical, 1 not identical or failed, 2 bad input)."""
     p = add_command(sub, "compare", run, help="a topology's greedy tokens against the PP=1 no-spec reference")
     add_model_flags(p)
+    add_runner_flag(p)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--spec", default=None, help="METHOD:K, e.g. mtp:2, eagle3:2, ngram:3, or none")
     p.add_argument("--nodes", type=int, default=1,
@@ -131,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     topo = Topology(model=args.model, random_weights=args.random, seed=args.seed, pp=args.pp,
                     spec=Spec.parse(args.spec), dtype=args.dtype, enforce_eager=not args.compiled,
                     max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                    nodes=args.nodes, backend=args.backend)
+                    nodes=args.nodes, backend=args.backend, runner=args.runner)
     check_max_tokens(args.max_tokens, topo.model_len)
     if topo.nodes > 1 and topo.backend != "mp":
         raise TopologyError(f"kit compare --nodes {topo.nodes} runs --backend mp; --backend {topo.backend} does not "

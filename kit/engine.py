@@ -67,6 +67,7 @@ class GenerationResult:
 def _apply_env(topology: Topology) -> None:
     for k, v in topology.env().items():
         os.environ.setdefault(k, v)
+    os.environ.update(topology.runner_env())  # an explicit runner choice wins over the caller's environment
 
 
 class LocalEngine:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,11 @@ CONNECTORS = {"nixl": "NixlConnector", "nixl-push": "NixlPushConnector"}
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("mp", "ray")
 DTYPES = ("float32", "bfloat16", "float16")
+# vLLM 0.32's model runners. "auto" leaves the choice to vLLM: V1 on the CPU build (V2 requires Triton, which it
+# lacks), V2 on CUDA unless the config uses something V2 lacks (vllm/config/vllm.py: VllmConfig.use_v2_model_runner).
+RUNNERS = ("auto", "v1", "v2")
+# The one switch vLLM reads (vllm/envs.py; "1"/"0", unset = vLLM decides); there is no engine argument for it.
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 # Boolean engine args whose False must reach the server as --no-FLAG (vLLM's default may be on).
 _NEGATED_FLAGS = ("enable_prefix_caching",)
 
@@ -88,6 +94,8 @@ class Topology:
     extra_engine_args: dict = field(default_factory=dict)
     # Nodes the ranks are spread over (vLLM's --nnodes / Ray nodes); each holds pp*tp/nodes whole ranks.
     nodes: int = 1
+    # Model runner: "auto" (vLLM's default for the device), "v1" or "v2"; turned into RUNNER_ENV for every process.
+    runner: str = "auto"
 
     def __post_init__(self) -> None:
         if isinstance(self.spec, str):
@@ -99,6 +107,8 @@ class Topology:
                 raise TopologyError(f"model {self.info.name} needs dtype {dtype} on {self.device} "
                                     f"(see kit.topology.model_requirements), got {self.dtype}")
             object.__setattr__(self, "dtype", dtype)
+        if note := self.runner_note():
+            warnings.warn(note, RunnerWarning, stacklevel=3)
 
     # -- validation -------------------------------------------------------------------------
     @property
@@ -128,6 +138,7 @@ class Topology:
         if self.device == "cpu" and self.tp > 1 and self.pp * self.tp > max(4, _cpu_count()):
             raise TopologyError(f"tp*pp={self.tp * self.pp} ranks exceed what this CPU hosts ({_cpu_count()} cores)")
         self._validate_nodes()
+        self._validate_runner()
         if self.device == "cuda":
             n = _cuda_count()
             if n is not None and self.pp * self.tp // self.nodes > n and self.backend == "mp":
@@ -192,6 +203,37 @@ class Topology:
         if self.device == "cpu" and n > _cpu_count():
             raise TopologyError(f"nodes={n} local CPU nodes need a core each; this machine gives {_cpu_count()}")
 
+    def _validate_runner(self) -> None:
+        if self.runner not in RUNNERS:
+            raise TopologyError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        if self.runner == "v2" and self.device == "cpu":
+            raise TopologyError("runner v2 cannot run on device cpu: vLLM 0.32's CPU build has no Triton and Model "
+                                "Runner V2 requires it (vllm/config/vllm.py); use runner auto or v1")
+
+    # -- model runner -------------------------------------------------------------------------
+    @property
+    def effective_runner(self) -> str:
+        """The runner vLLM uses: the explicit choice, else its default for the device (:func:`default_runner`)."""
+        return self.runner if self.runner != "auto" else default_runner(self.device)
+
+    def runner_env(self) -> dict[str, str]:
+        """``VLLM_USE_V2_MODEL_RUNNER`` for an explicit runner; nothing for ``auto`` (vLLM decides)."""
+        return {"v1": {RUNNER_ENV: "0"}, "v2": {RUNNER_ENV: "1"}}.get(self.runner, {})
+
+    def runner_note(self) -> str | None:
+        """Why the kit's correctness claim does not cover this topology, or ``None``.
+
+        PP > 1 with speculation on the V2 runner is allowed, not refused: upstream implements it there (PP + MTP,
+        vllm#46994; PP + Eagle3, vllm#50514), and ``kit compare`` is the check of whether it holds. But the kit's
+        PP + spec correctness patches (``Runner.V1`` in :mod:`kit.patches`) patch V1 code that V2 never calls, so
+        what the kit measured on V1 says nothing about V2.
+        """
+        if self.spec is None or self.pp == 1 or self.effective_runner != "v2":
+            return None
+        why = "runner v2" if self.runner == "v2" else "runner auto (vLLM's default on cuda is V2)"
+        return (f"{self.label()}: {why} with PP>1 and speculation uses upstream's V2 code; the kit's V1 correctness "
+                "patches do not apply there and nothing was verified on it; runner v1 is the one they cover")
+
     # -- nodes --------------------------------------------------------------------------------
     def node_ips(self, hosts: list[str] | None = None) -> list[str]:
         """One address per node: ``hosts`` (real machines), else a loopback address each (127.0.0.2, ...)."""
@@ -227,7 +269,7 @@ class Topology:
         serve = ["vllm", "serve", *self.serve_args()]
         out: list[NodeCommand] = []
         for r, ip in enumerate(ips):
-            env: dict[str, str] = {"VLLM_HOST_IP": ip}
+            env: dict[str, str] = {"VLLM_HOST_IP": ip, **self.runner_env()}
             cores = self.node_cores(r) if local else []
             if local:
                 env["GLOO_SOCKET_IFNAME"] = "lo"
@@ -243,7 +285,7 @@ class Topology:
             argv += ["--host", ip, "--port", str(port)] if r == 0 else []
             out.append(NodeCommand(r, ip, cores, argv, env, "leader" if r == 0 else "headless follower"))
         if self.backend == "ray":
-            env = {"VLLM_HOST_IP": ips[0], "RAY_ADDRESS": f"{ips[0]}:{master_port}"}
+            env = {"VLLM_HOST_IP": ips[0], "RAY_ADDRESS": f"{ips[0]}:{master_port}", **self.runner_env()}
             out.append(NodeCommand(0, ips[0], out[0].cores, serve + ["--host", ips[0], "--port", str(port)],
                                    env, "leader"))
         return out
@@ -349,6 +391,7 @@ class Topology:
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = _fmt_num(self.kv_cache_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(self.pp * self.tp)
+        env.update(self.runner_env())
         return env
 
     def with_(self, **changes: Any) -> "Topology":
@@ -377,7 +420,19 @@ class Topology:
             parts.append(f"{self.nodes}nodes-{self.backend}")
         if not self.enforce_eager:
             parts.append("compiled")
+        if self.runner != "auto":
+            parts.append(f"runner-{self.runner}")
         return "/".join(parts)
+
+
+class RunnerWarning(UserWarning):
+    """A topology the kit's correctness patches do not cover (:meth:`Topology.runner_note`)."""
+
+
+def default_runner(device: str) -> str:
+    """vLLM 0.32's runner for ``device`` when nothing is set: ``v1`` on CPU (its build has no Triton, which V2
+    requires), ``v2`` on CUDA (V1 only when the config uses something V2 lacks; vLLM logs which)."""
+    return "v1" if device == "cpu" else "v2"
 
 
 def local_node_ip(rank: int) -> str:

@@ -50,6 +50,44 @@ def test_doctor_reports_versions_and_patches():
     assert names["pp_spec_schedule_gate"]["status"] == "applied"
     assert names["draft_pp_gate"]["status"].startswith("upstream")
     assert "kit.patches:load_plugin" in info["plugin_entry_points"]
+    # the runner this device uses by default, and which patches belong to which runner
+    assert info["runner"]["device"] == info["device"] == "cpu" and info["runner"]["default"] == "v1"
+    by = info["patches_by_runner"]
+    assert set(by) == {"v1", "v2", "any"}
+    assert "pp_spec_token_history" in by["v1"] and "tcp_store_bind_host" in by["any"]
+    assert names["pp_spec_token_history"]["runner"] == "v1"
+
+
+def test_doctor_runner_follows_the_environment(monkeypatch):
+    from kit import patches
+    from kit.cli import runner_info
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    r = runner_info("cpu")
+    assert (r["default"], r["VLLM_USE_V2_MODEL_RUNNER"]) == ("v1", None) and "Triton" in r["why"]
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert runner_info("cpu")["default"] == "v1"
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    r = runner_info("cpu")
+    assert r["default"] == "v2" and "which vLLM refuses here" in r["why"]   # the CPU build has no Triton
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "yes")
+    assert runner_info("cpu")["default"] is None
+    # every registered patch is listed once, under its own runner; teaching-only ones are left out
+    by = patches.by_runner()
+    listed = [n for names in by.values() for n in names]
+    assert len(listed) == len(set(listed))
+    for name in patches.INDEX:
+        p = patches._load(name)
+        assert (name in by[p.runner.value]) == (not p.teaching_only)
+
+
+def test_runner_flag_reaches_compare_and_bench():
+    from kit.cli import build_parser
+
+    parser = build_parser()
+    for cmd in ("compare", "bench"):
+        assert parser.parse_args([cmd]).runner == "auto"
+        assert parser.parse_args([cmd, "--runner", "v1"]).runner == "v1"
 
 
 def test_bench_pd_cases_parse_and_bad_input_exits_2(capsys, tmp_path):

@@ -112,3 +112,64 @@ def test_model_requirements_for_hybrid_gdn_models():
         Topology(model="tiny-qwen3_5", random_weights=True, dtype="float16")
     m = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")
     assert m.dtype == "float32" and "enable_prefix_caching" not in m.engine_args()
+
+
+# -- model runner (auto / v1 / v2): VLLM_USE_V2_MODEL_RUNNER for every process --------------------------------
+
+def test_runner_auto_leaves_env_args_and_label_as_before():
+    import warnings
+
+    from kit.topology import RUNNER_ENV
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # auto on cpu (V1) with PP + spec: no RunnerWarning
+        t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")
+    assert t.runner == "auto" and t.effective_runner == "v1"
+    assert RUNNER_ENV not in t.env() and t.runner_env() == {}
+    assert "runner" not in t.label() and not any("runner" in f for f in t.serve_args() if f.startswith("--"))
+    v1 = t.with_(runner="v1")
+    assert v1.engine_args() == t.engine_args()              # vLLM has no engine argument for it: the env only
+    assert v1.env() == {**t.env(), RUNNER_ENV: "0"} and v1.label().endswith("/runner-v1")
+    assert v1.reference().runner == "v1"                     # the reference runs on the same runner
+    assert Topology(model=MODEL, random_weights=True, device="cuda").effective_runner == "v2"
+
+
+def test_runner_reaches_every_node_of_a_plan():
+    from kit.topology import RUNNER_ENV
+
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", nodes=2, runner="v1")
+    for backend in ("mp", "ray"):
+        plan = t.with_(backend=backend).node_plan(8000, 29501)
+        assert plan and all(c.env[RUNNER_ENV] == "0" for c in plan)
+        assert all(f"{RUNNER_ENV}=0" in c.shell() for c in plan)
+    auto = t.with_(runner="auto").node_plan(8000, 29501)
+    assert all(RUNNER_ENV not in c.env for c in auto)
+    cuda = t.with_(device="cuda", runner="v2").node_plan(8000, 29501, hosts=["10.0.0.1", "10.0.0.2"])
+    assert [c.env[RUNNER_ENV] for c in cuda] == ["1", "1"]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(runner="v3"), "runner must be one of auto, v1, v2, got 'v3'"),
+    (dict(runner="V1"), "runner must be one of"),
+    (dict(runner=None), "runner must be one of"),
+    (dict(runner="v2"), "runner v2 cannot run on device cpu: vLLM 0.32's CPU build has no Triton"),
+    (dict(runner="v2", pp=2, spec="mtp:2"), "runner v2 cannot run on device cpu"),
+])
+def test_bad_runners_are_refused_in_one_line(kwargs, fragment):
+    with pytest.raises(TopologyError, match=fragment) as e:
+        Topology(model=MODEL, random_weights=True, **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_pp_spec_on_the_v2_runner_warns_that_the_v1_patches_do_not_apply():
+    from kit.topology import RunnerWarning
+
+    with pytest.warns(RunnerWarning, match="V1 correctness patches do not apply"):
+        t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", device="cuda", runner="v2")
+    assert t.env()["VLLM_USE_V2_MODEL_RUNNER"] == "1" and "VLLM_CPU_KVCACHE_SPACE" not in t.env()
+    with pytest.warns(RunnerWarning, match="vLLM's default on cuda is V2"):
+        Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", device="cuda")
+    cuda = dict(model=MODEL, random_weights=True, device="cuda")
+    assert Topology(**cuda, pp=2, spec="mtp:2", runner="v1").runner_note() is None
+    assert Topology(**cuda, pp=1, spec="mtp:2", runner="v2").runner_note() is None   # PP=1: no PP + spec path
+    assert Topology(**cuda, pp=2, runner="v2").runner_note() is None                 # no speculation

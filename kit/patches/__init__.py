@@ -467,6 +467,17 @@ def status(name: str, selected: bool) -> str:
     return "needed, selected" if selected else "needed, NOT selected"
 
 
+def by_runner() -> dict[str, list[str]]:
+    """The registry's patch names per model runner (``v1``, ``v2``, ``any``), teaching-only ones left out: on a
+    runner, the ``any`` patches and its own apply; the others load but patch code that runner never calls."""
+    out: dict[str, list[str]] = {r.value: [] for r in Runner}
+    for name in INDEX:
+        p = _load(name)
+        if p is not None and not p.teaching_only:
+            out[p.runner.value].append(name)
+    return out
+
+
 def report() -> list[dict]:
     """One row per patch: its registry fields and its status in this process."""
     try:
