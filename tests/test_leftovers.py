@@ -71,10 +71,7 @@ def test_the_guard_removes_the_temp_folder_when_the_caller_dies(tmp_path, how):
     """The caller never runs its teardown; the guard (parent-death signal) ends the tree and removes the folder."""
     log = tmp_path / "tree.log"
     caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import signal, sys, time; sys.path.insert(0, {str(ROOT)!r})
-    # Python leaves SIGINT ignored when its parent started it ignored (a shell's background job); a Jupyter
-    # kernel, like an interactive caller, has the KeyboardInterrupt handler: install it explicitly.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+        import sys, time; sys.path.insert(0, {str(ROOT)!r})
         from kit.procs import ManagedProcess
         p = ManagedProcess([sys.executable, "-c", {_VLLM_LIKE!r}], log_path={str(log)!r}, name="tree")
         print(p.tmpdir, flush=True)
