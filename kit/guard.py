@@ -26,6 +26,12 @@ GRACE_SECONDS = 10.0
 SHM_DIR = "/dev/shm"
 # What vLLM and Python's multiprocessing create there; nothing else is touched.
 SHM_PREFIXES = ("psm_", "vllm", "sem.mp-")
+SHM_INFIX = "-cpushm"  # the CPU PP communicator's segments: `<id>-pp:<group>-cpushm_<rank>`
+
+
+def is_vllm_shm(name: str) -> bool:
+    """A /dev/shm entry of the kinds vLLM (and multiprocessing) create."""
+    return name.startswith(SHM_PREFIXES) or SHM_INFIX in name
 # The tree's own temp folder (TMPDIR, VLLM_RPC_BASE_PATH: vLLM's ipc sockets and vllm_dist_* files), made by
 # kit.procs.ManagedProcess and named in this variable; removed here when the tree has ended.
 TREE_TMP_ENV = "KIT_TREE_TMPDIR"
@@ -121,7 +127,7 @@ def _wait_group_gone(timeout: float) -> None:
 
 def _shm_entries() -> set[str]:
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)}
+        return {n for n in os.listdir(SHM_DIR) if is_vllm_shm(n)}
     except OSError:
         return set()
 

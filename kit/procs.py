@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-from .guard import SHM_DIR, SHM_PREFIXES, TREE_TMP_ENV, TREE_TMP_PREFIX
+from .guard import SHM_DIR, TREE_TMP_ENV, TREE_TMP_PREFIX, is_vllm_shm
 from .guard import command as guard_command
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
@@ -341,7 +341,7 @@ _TEMP_NAMES = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0
 def vllm_temp_entries() -> set[str]:
     """The vLLM-made (and kit-tree) entries now in the temp dir and in /dev/shm, as paths: for leak checks."""
     out: set[str] = set()
-    for folder, keep in ((tempfile.gettempdir(), _TEMP_NAMES.match), (SHM_DIR, lambda n: n.startswith(SHM_PREFIXES))):
+    for folder, keep in ((tempfile.gettempdir(), _TEMP_NAMES.match), (SHM_DIR, is_vllm_shm)):
         try:
             out.update(os.path.join(folder, n) for n in os.listdir(folder) if keep(n))
         except OSError:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from .guard import _remove_orphan_shm, _shm_entries
 from .procs import ManagedProcess
 
 LOOPBACK = "127.0.0.1"
@@ -144,6 +145,9 @@ class LocalRayCluster:
         ray = _ray_cli()
         # Ray puts Unix sockets under the temp dir: keep the path short (< 108 bytes for AF_UNIX).
         self.temp_dir = self.temp_dir or tempfile.mkdtemp(prefix="kitray-", dir="/tmp")
+        # vLLM's workers run inside the nodes' Ray workers, outside any kit.guard tree: the shared memory they
+        # leave (the CPU PP communicator's `<id>-pp:...-cpushm_*`) is removed when the cluster stops.
+        self._shm_before = _shm_entries()
         self.started = True
         try:
             gcs_port = 0
@@ -345,6 +349,7 @@ class LocalRayCluster:
             if n.proc is not None:
                 n.proc.terminate(grace=2.0)
         self.started = False
+        _remove_orphan_shm(getattr(self, "_shm_before", _shm_entries()))
         if not self.keep_logs and self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         return killed
