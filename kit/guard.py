@@ -133,8 +133,15 @@ def _shm_entries() -> set[str]:
 
 
 def _shm_in_use() -> set[str]:
-    """Names under /dev/shm that some live process has open or mapped."""
+    """Names under /dev/shm that some live process has open or mapped.
+
+    Matched by inode, not only by name: a POSIX semaphore is created under a temporary name that glibc maps and
+    then links to its final name (``sem.mp-*``) and unlinks, so its creator's maps show ``/dev/shm/sem.XXXXXX
+    (deleted)`` and never the final name. By name alone a semaphore that a spawned child has not opened yet looks
+    unused, and a guard ending beside a starting run removed it (the child then failed in ``SemLock._rebuild``
+    with ``FileNotFoundError``)."""
     used: set[str] = set()
+    inodes: set[int] = set()
     prefix = SHM_DIR + "/"
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -145,15 +152,24 @@ def _shm_in_use() -> set[str]:
                     i = line.find(prefix)
                     if i >= 0:
                         used.add(line[i + len(prefix):].split()[0])
+                        fields = line.split()
+                        if len(fields) > 4 and fields[4].isdigit():
+                            inodes.add(int(fields[4]))
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 try:
                     target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith(prefix):
+                        used.add(target[len(prefix):].split()[0])
+                        inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
                 except OSError:
                     continue
-                if target.startswith(prefix):
-                    used.add(target[len(prefix):].split()[0])
         except OSError:
             continue
+    try:
+        with os.scandir(SHM_DIR) as it:
+            used.update(e.name for e in it if e.inode() in inodes)
+    except OSError:
+        pass
     return used
 
 

@@ -63,6 +63,7 @@ def _prompts():
     return load_prompts(limit=NUM_PROMPTS)
 
 
+@pytest.mark.slow  # the default selection asserts this break in notebook 00 ("Break it, then fix it")
 def test_without_schedule_gate_tokens_leak_between_requests(no_leftovers):
     prompts = _prompts()
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")

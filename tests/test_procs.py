@@ -117,3 +117,53 @@ def test_guard_removes_the_shared_memory_a_killed_tree_left(tmp_path):
         os.unlink(f"/dev/shm/{name}")
     assert out.returncode == 128 + signal.SIGKILL, (out.returncode, out.stderr[-500:])
     assert not leftover, f"/dev/shm/{name} was left behind by the killed tree"
+
+
+
+_SEM_HOLDER = textwrap.dedent("""
+    import multiprocessing as mp, os, sys
+    before = set(os.listdir("/dev/shm"))
+    lock = mp.get_context("spawn").Lock()   # a named semaphore, as a spawning vLLM process makes for its child
+    print(*(set(os.listdir("/dev/shm")) - before), flush=True)
+    sys.stdin.read()                        # hold it until told to go
+""")
+_SEM_TREE = textwrap.dedent("""
+    import multiprocessing as mp, os, signal, sys, time
+    before = set(os.listdir("/dev/shm"))
+    lock = mp.get_context("spawn").Lock()
+    print("semaphore", *(set(os.listdir("/dev/shm")) - before), flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_a_live_semaphore_of_another_run_survives_a_guard_ending(tmp_path):
+    """A guard that ends beside another run must not remove that run's semaphores. The creator maps one under a
+    temporary (deleted) name only; a name-only check called it unused and unlinked it, and the other run's spawned
+    child then failed in ``SemLock._rebuild`` with ``FileNotFoundError``."""
+    import os
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    go = tmp_path / "go"
+    # The guard's tree makes a semaphore of its own, then is SIGKILLed: that one is an orphan to remove.
+    guarded = subprocess.Popen([sys.executable, "-m", "kit.guard", "--", sys.executable, "-c", _SEM_TREE, str(go)],
+                               cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    holder = None
+    try:
+        mine = guarded.stdout.readline().split()[1]
+        # Another run, started while the guard runs, holds a semaphore that no process has opened by name.
+        holder = subprocess.Popen([sys.executable, "-c", _SEM_HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        theirs = holder.stdout.readline().split()
+        assert theirs
+        go.touch()
+        assert guarded.wait(timeout=60) == 128 + 9
+        assert all(os.path.exists(f"/dev/shm/{n}") for n in theirs), "the guard removed a live run's semaphore"
+        assert not os.path.exists(f"/dev/shm/{mine}"), "the killed tree's own semaphore was left"
+    finally:
+        guarded.kill()
+        if holder:
+            holder.stdin.close()
+            holder.wait(timeout=30)
