@@ -38,7 +38,7 @@ PATCHES = "all"                                         # the fixed run (CI brea
 LEGACY_PATCHES = "all,eagle3_per_rank_layers_legacy"   # the old behaviour, reproduced on real vLLM code
 RUN_LEGACY = True   # False skips the per-rank engine at PP below (CI: the break-the-claim test runs that engine)
 PP_SIZES_TABLE = [1, 2, 3, 4]   # the PP sizes drawn and predicted below (no engine starts for these)
-NO_CLASH_PP = 4                 # a PP size where the per-rank name lands without a clash, run live
+NO_CLASH_PP = 3                 # a PP size where the per-rank name lands without a clash, run live
 
 # %%
 import kit

@@ -15,7 +15,7 @@
 
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"
-KS = [1, 2, 3, 4]
+KS = [1, 2, 3]
 PP_SIZES = [1, 2]
 NUM_PROMPTS = 8
 MAX_TOKENS = 48
@@ -30,7 +30,7 @@ kit.notebook.setup()
 
 # %% [markdown]
 # One engine per (PP size, k), k = 0 being the plain engine (at the PP sizes in `PLAIN_PP_SIZES`): about 35 s each on
-# 2 cores, so about 6 minutes for the 10 engines of the defaults (the CI parameters start 3, under 2 minutes). Each
+# 2 cores, so about 5 minutes for the 8 engines of the defaults (the CI parameters start 3, under 2 minutes). Each
 # engine shows its status line.
 
 # %%
