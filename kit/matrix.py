@@ -64,8 +64,9 @@ CELLS.append(Cell("tiny-mimo", False, 1, "mtp:2", max_num_seqs=3))
 for pp in (2, 4):
     for k in (1, 2, 3):
         for random in (True, False):
-            CELLS.append(Cell("tiny-mimo", random, pp, f"mtp:{k}",
-                              fast=(pp == 2 and k == 2 and not random)))
+            # Not in the CI subset: trained PP=2 mtp:2 is asserted there by notebook 03 (same tokens as PP=1 and
+            # the plain engine, same acceptance counts); the PP=4 trained cell below covers re-entering requests.
+            CELLS.append(Cell("tiny-mimo", random, pp, f"mtp:{k}"))
     CELLS.append(Cell("tiny-mimo", True, pp, "ngram:2", fast=(pp == 2)))
     CELLS.append(Cell("tiny-mimo", True, pp, "ngram:3", max_num_seqs=3, fast=(pp == 2)))
     CELLS.append(Cell("tiny-mimo", False, pp, "mtp:2", max_num_seqs=3, fast=(pp == 4)))

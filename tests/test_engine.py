@@ -48,6 +48,7 @@ def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
         assert "pp_spec_schedule_gate" not in rec["applied"] and "decode_side_pp_spec_rule" not in rec["applied"]
 
 
+@pytest.mark.slow  # the default selection asserts this failure's root cause in notebook 01 (its failure section)
 def test_engine_failure_surfaces_with_root_cause_fast(no_leftovers):
     # Stock vLLM 0.32 cannot start PP=2 + MTP: the non-last rank touches the missing drafter.
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
@@ -56,5 +57,6 @@ def test_engine_failure_surfaces_with_root_cause_fast(no_leftovers):
         engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCHES": "all,-drafter_only_on_last_rank"},
                         timeout=600)
     assert "has no attribute 'drafter'" in str(e.value)
-    # Start-up on a quiet 2-core machine takes well under a minute; the bound only rules out a hang.
-    assert time.monotonic() - t0 < 600
+    # Start-up on a quiet 2-core machine takes about 30 s; a worker's death must end the run right away, not at
+    # the deadline.
+    assert time.monotonic() - t0 < 180

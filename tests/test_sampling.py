@@ -79,6 +79,7 @@ def _acceptance(pp: int, spec: str, temperature: float, patches: str = "all", mo
                               env={"KIT_PATCHES": patches})
 
 
+@pytest.mark.slow  # the default selection: notebook 03 asserts this per position at PP=1 and 2, T=0.05 and 0.8
 @pytest.mark.engine
 def test_sampled_acceptance_matches_theory_pp2(no_leftovers):
     """Trained tiny-mimo, PP=2, mtp:1, temperature 0.05: the drafts are accepted as often as the target's
