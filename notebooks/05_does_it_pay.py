@@ -51,6 +51,24 @@ from kit.notebook import claim
 kit.notebook.setup()
 
 # %% [markdown]
+# **Predict, then run:** a step with k = 2 drafts costs 1.3 plain steps (T(2) / T(0) = 1.3). At a = 0.8, what is the
+# speed-up? Below which acceptance rate does k = 2 lose? And with k = 4, if such a step costs 1.6 plain steps?
+#
+# <details><summary>Answer</summary>
+#
+# E(0.8, 2) = 1 + 0.8 + 0.64 = 2.44 tokens per step, so 2.44 / 1.3 = 1.88x. It loses below the a* with
+# 1 + a* + a*^2 = 1.3, a* = 0.24. With k = 4: E(0.8, 4) = 3.36, 3.36 / 1.6 = 2.10x, and a* = 0.38: more drafts win
+# more when acceptance is high, but need a higher rate to break even. The cell computes it with `kit.payoff`.
+# </details>
+
+# %%
+ex = {k: (payoff.expected_tokens(0.8, k) / ratio, payoff.acceptance_for_length(ratio, k)) for k, ratio in ((2, 1.3), (4, 1.6))}
+for k, (speedup, a_star) in ex.items():
+    print(f"k={k}: speed-up {speedup:.2f}x at a=0.8, break-even a* = {a_star:.2f}")
+claim(round(ex[2][0], 2) == 1.88 and round(ex[2][1], 2) == 0.24 and round(ex[4][0], 2) == 2.10 and round(ex[4][1], 2) == 0.38,
+      "the closed form: k=2 at a=0.8 and 1.3x the step cost gives 1.88x, a* = 0.24; k=4 at 1.6x gives 2.10x, a* = 0.38")
+
+# %% [markdown]
 # ## The measured table
 # The full run (`mimo-py-18m` and `tiny-mimo`, PP = 1 and 2, no speculation and MTP k = 1..3, batch 1 and 4, several
 # fresh engines per row) takes far longer than this notebook may: it is a command, and its rows are loaded here
@@ -135,10 +153,39 @@ box, redraw = payoff_plots.slider(costs, a=0.8, k=2)
 box
 
 # %% [markdown]
+# **Predict, then slide:** with one model's measured step costs, which k gives the largest speed-up when each draft
+# is accepted with a = 0.9, and which with a = 0.5? (Move the sliders above to check.)
+#
+# <details><summary>Answer</summary>
+#
+# A larger k at a = 0.9 than at a = 0.5: the i-th draft adds a^i tokens per step but costs the same forward and
+# drafter time whatever a is, so the extra drafts stop paying sooner when acceptance is low. The cell finds the best
+# k from 1 to 6 for every measured (model, PP, batch).
+# </details>
+
+# %%
+best = {key: {a: max(range(1, 7), key=lambda k: c.speedup(a, k)) for a in (0.5, 0.9)} for key, c in costs.items()}
+display(pd.DataFrame([{"model": m, "PP": pp, "batch": b, "best k at a=0.5": v[0.5], "best k at a=0.9": v[0.9],
+                       "speed-up there (a=0.9)": round(costs[(m, pp, b)].speedup(0.9, v[0.9]), 2)}
+                      for (m, pp, b), v in best.items()]))
+claim(all(v[0.9] >= v[0.5] for v in best.values()),
+      "for every measured (model, PP, batch) the best k at a = 0.9 is at least the best k at a = 0.5",
+      {str(key): v for key, v in best.items() if v[0.9] < v[0.5]})
+
+# %% [markdown]
 # ## A small live run
 # `LIVE_MODEL` at PP=`LIVE_PP`, batch `LIVE_BATCH`, with and without MTP, one fresh engine each, timers on
 # (the same path as `kit bench --breakdown`); a few short requests, so noisier than the table above. The prediction
 # uses this run's own step costs (fixed cost, forward, drafter, timed in the workers) and its own acceptance.
+#
+# **Predict, then run:** will `LIVE_MODEL`'s MTP k=2 beat its no-spec engine in this short live run, and will its
+# speed-up be the table's figure for the same PP size and batch?
+#
+# <details><summary>Answer</summary>
+#
+# It wins (its acceptance on code lies far above a*), but not by exactly the table's figure: a few short requests
+# on a shared machine, a fresh engine each; the model is checked against this run's own step costs instead.
+# </details>
 
 # %%
 from kit.bench import aggregate, measure_batches, payoff_rows
