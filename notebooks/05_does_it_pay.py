@@ -214,8 +214,9 @@ for r in live:
         continue
     got = r["decode_tok_s"] / base["decode_tok_s"]
     want = ref.speedup_at_length(r["tokens_per_forward"], r["k"])
+    a_star = "none" if ref.break_even(r["k"]) is None else f"{ref.break_even(r['k']):.2f}"
     print(f"{r['label']}: measured {got:.2f}x, predicted {want:.2f}x (a = "
-          f"{payoff.acceptance_for_length(r['tokens_per_forward'], r['k']):.3f}, break-even a* = {ref.break_even(r['k'])})")
+          f"{payoff.acceptance_for_length(r['tokens_per_forward'], r['k']):.3f}, break-even a* = {a_star})")
     claim(abs(want / got - 1) <= LIVE_BAND, f"live {LIVE_MODEL} {r['label']}: the measured speed-up is within "
           f"±{LIVE_BAND:.0%} of the prediction", (round(got, 3), round(want, 3)))
     if LIVE_MODEL == "mimo-py-18m" and r["k"] == 2:
