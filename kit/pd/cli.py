@@ -15,6 +15,7 @@ from ..topology import Spec, TopologyError
 from .client import PDError
 from .compare import pd_compare
 from .layout import DEFAULT_KV_EXTRA_CONFIG, check_pair, pd_topologies
+from .vllm_router import ROUTERS
 
 
 def parse_kv_extra(items: list[str]) -> dict:
@@ -38,6 +39,9 @@ def register(sub) -> None:
     add_output_flags(p)
     p.add_argument("--stream", action="store_true", help="stream from the consumer")
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    p.add_argument("--router", choices=list(ROUTERS), default="kit",
+                   help="who sends each request's prefill and decode calls: the kit (records the producer's answer "
+                        "and the prefill/decode time split) or vLLM's vllm-router (one call per request)")
     p.add_argument("--colocated-acceptance", action="store_true",
                    help="also run the consumer topology as one plain engine and compare spec-decode acceptance")
     p.add_argument("--kv-extra", action="append", default=[], metavar="KEY=VALUE",
@@ -62,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         d = pd_compare(prod, cons, prompts, max_tokens=args.max_tokens, stream=args.stream,
                        concurrency=args.concurrency, connector=connector, timeout=args.timeout,
-                       colocated=args.colocated_acceptance, kv_extra_config=kv_extra)
+                       colocated=args.colocated_acceptance, kv_extra_config=kv_extra, router=args.router)
     except (EngineError, PDError) as e:
         print(f"kit pd: failed: {e}", file=sys.stderr)
         if args.json:
@@ -77,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_summary(d: dict, producer: str, consumer: str, args: argparse.Namespace) -> None:
     print(f"connector : {d['connector_class']} ({d['connector_reason']})")
+    if d["vllm_router"]:
+        print(f"router    : vllm-router {d['vllm_router']['version']} (started in {d['vllm_router']['start_s']} s; "
+              f"log {d['vllm_router']['log']})")
     print(f"producer  : {producer}   consumer: {consumer}")
     print(f"prompts   : {d['num_prompts']} x {args.max_tokens} tokens, stream={args.stream}, "
           f"concurrency={args.concurrency}")

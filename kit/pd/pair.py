@@ -20,7 +20,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..engine import DEFAULT_START_TIMEOUT, EngineError, Server, free_port
 from ..metrics import Counters, block_size_from_metrics
@@ -431,12 +431,16 @@ class PDPair:
         return out[:limit]
 
     def complete_many(self, prompts: list[str], max_tokens: int = 32, stream: bool = False,
-                      concurrency: int = 1) -> tuple[list[PDRequest], dict]:
+                      concurrency: int = 1, route: Callable[..., PDRequest] | None = None
+                      ) -> tuple[list[PDRequest], dict]:
         """All prompts through the pair; returns records (prompt order) and the transfer totals.
 
         ``concurrency=1``: one at a time, each with its own counter differences. ``>1``: that many threads
-        at once; counters are then totals over the batch.
+        at once; counters are then totals over the batch. ``route``: what sends one prompt
+        (``route(prompt, max_tokens, stream, index)``), :meth:`complete` unless given (e.g.
+        :meth:`kit.pd.vllm_router.VllmRouter.complete`).
         """
+        route = route or self.complete
         prompts = check_prompts(prompts)
         check_count(concurrency, "concurrency")
         before = self.counters()
@@ -446,14 +450,14 @@ class PDPair:
             recs = []
             for i, p in enumerate(prompts):
                 b = self.counters()
-                r = self.complete(p, max_tokens=max_tokens, stream=stream, index=i)
+                r = route(p, max_tokens=max_tokens, stream=stream, index=i)
                 if r.error is None:
                     a = self.settle(b, 1, r.prompt_tokens or 0)
                     _fill_transfer(r, a, b)
                 recs.append(r)
         else:
             with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pd-req") as ex:
-                futs = [ex.submit(self.complete, p, max_tokens, stream, i) for i, p in enumerate(prompts)]
+                futs = [ex.submit(route, p, max_tokens, stream, i) for i, p in enumerate(prompts)]
                 recs = [f.result() for f in futs]
         ok = [r for r in recs if r.error is None]
         after = self.settle(before, len(ok), sum(r.prompt_tokens or 0 for r in ok))

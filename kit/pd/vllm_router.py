@@ -1,0 +1,173 @@
+"""vLLM's own PD router (the ``vllm-router`` package) in front of a :class:`~kit.pd.pair.PDPair`.
+
+``vllm-router --vllm-pd-disaggregation --prefill URL --decode URL`` does what :meth:`PDPair.complete` does in
+one client call: it POSTs the request to the producer with ``max_tokens=1`` and ``kv_transfer_params``
+asking for a remote decode, then the original request to the consumer with the returned
+``kv_transfer_params`` and the same ``X-Request-Id``. :class:`VllmRouter` starts it on loopback against a
+started pair (a managed process with its own log), and routes prompts through it; the KV bytes are read
+from the same NIXL counters as the kit's own router (:meth:`PDPair.complete_many` with ``route=``).
+
+What it cannot give, and why the kit keeps its own router for it: the producer's answer (its first token and
+the ``kv_transfer_params`` it returned), the split of a request's time into prefill and decode, a pause
+between the two calls (fault injection), and the log lines about one request's handoff. These all live
+between the two calls, which the router does inside one HTTP request.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import shlex
+import shutil
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from ..engine import free_port
+from ..httpclient import client
+from ..procs import ManagedProcess
+from .client import PDError, post_json, stream_completion
+from .pair import PDPair, PDRequest
+
+DEFAULT_ROUTER_START_TIMEOUT = 60.0
+# Who sends a PD request's two calls: the kit (PDPair.complete) or vLLM's router.
+ROUTERS = ("kit", "vllm-router")
+
+
+def router_version() -> str | None:
+    """The installed ``vllm-router`` version, None when it is not installed."""
+    try:
+        return importlib.metadata.version("vllm-router")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def router_binary() -> str:
+    """The ``vllm-router`` entry point next to this interpreter (or on PATH)."""
+    here = Path(sys.executable).with_name("vllm-router")
+    found = str(here) if here.exists() else shutil.which("vllm-router")
+    if not found:
+        raise PDError("vllm-router is not installed (pip install vllm-router; it is in the kit's dependencies)")
+    return found
+
+
+@dataclass
+class _Endpoint:
+    """What :mod:`kit.pd.client` needs of a server: its URL and a name for messages."""
+
+    url: str
+    name: str = "vllm-router"
+
+
+class VllmRouter:
+    """``vllm-router`` in PD mode in front of a started :class:`PDPair`; a context manager."""
+
+    def __init__(self, pair: PDPair, log_path: Path | str | None = None,
+                 start_timeout: float = DEFAULT_ROUTER_START_TIMEOUT):
+        if pair.producer is None or pair.consumer is None:
+            raise PDError("start the pair before its router (use VllmRouter inside `with pair:`)")
+        self.pair = pair
+        self.log_path = Path(log_path) if log_path else pair.log_dir / "vllm-router.log"
+        self.start_timeout = start_timeout
+        self.port = free_port()
+        self.endpoint = _Endpoint(f"http://127.0.0.1:{self.port}")
+        self.proc: ManagedProcess | None = None
+        self.start_seconds: float | None = None
+        self.command_line: str | None = None
+
+    def command(self) -> list[str]:
+        """The router's command line: one prefill and one decode URL, NIXL, no retries (a retried prefill
+        would hand over a second copy of the KV) and its Prometheus port off the fixed default 29000."""
+        return [router_binary(), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+                "--prefill", self.pair.producer.url, "--decode", self.pair.consumer.url,
+                "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-port", str(free_port()),
+                "--policy", "round_robin", "--disable-retries", "--disable-circuit-breaker",
+                "--request-timeout-secs", str(int(self.pair.request_timeout)),
+                "--worker-startup-timeout-secs", str(int(self.start_timeout)),
+                "--worker-startup-check-interval", "1", "--log-level", "info"]
+
+    def start(self) -> "VllmRouter":
+        t0 = time.monotonic()
+        cmd = self.command()
+        self.command_line = shlex.join(cmd)
+        self.proc = ManagedProcess(cmd, log_path=self.log_path, name="vllm-router")
+        deadline = t0 + self.start_timeout
+        try:
+            while True:
+                if not self.proc.alive():
+                    raise PDError(str(self.proc.fail(f"exited with code {self.proc.popen.returncode} during start-up")))
+                try:
+                    if client().get(self.endpoint.url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise PDError(str(self.proc.fail(f"not healthy after {self.start_timeout:.0f} s")))
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = round(time.monotonic() - t0, 2)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc = None
+
+    def __enter__(self) -> "VllmRouter":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def complete(self, prompt: str, max_tokens: int = 32, stream: bool = False, index: int = 0,
+                 request_id: str | None = None) -> PDRequest:
+        """One prompt through the router; greedy, token ids returned; errors land in ``.error``. Both servers
+        are watched during the call (:meth:`PDPair._watched`): a dead one ends the wait with its root cause."""
+        rid = request_id or f"pd-{uuid.uuid4().hex}"
+        rec = PDRequest(index=index, request_id=rid, prompt=prompt, stream=stream)
+        body = {"model": self.pair.model_name["consumer"], "prompt": prompt, "max_tokens": max_tokens,
+                "temperature": 0.0, "ignore_eos": True, "return_token_ids": True, "stream": stream}
+        headers = {"X-Request-Id": rid}
+        t0 = time.monotonic()
+        try:
+            if stream:
+                body["stream_options"] = {"include_usage": True}
+                out = self.pair._watched("vllm-router stream", stream_completion, self.endpoint, body, headers,
+                                         self.pair.request_timeout, "vllm-router")
+                rec.consumer_ttft_s = round(out["first_token_time"] - t0, 4) if out["first_token_time"] else None
+                rec.token_ids, rec.text, rec.finish_reason = out["token_ids"], out["text"], out["finish_reason"]
+                rec.prompt_token_ids, metrics = out.get("prompt_token_ids"), out.get("metrics")
+            else:
+                res = self.pair._watched("vllm-router call", post_json, self.endpoint, "/v1/completions", body,
+                                         headers, self.pair.request_timeout, "vllm-router")
+                ch = res["choices"][0]
+                rec.token_ids = list(ch.get("token_ids") or [])
+                rec.text, rec.finish_reason = ch.get("text", ""), ch.get("finish_reason")
+                rec.prompt_token_ids = ch.get("prompt_token_ids")
+                rec.prompt_tokens = (res.get("usage") or {}).get("prompt_tokens")
+                metrics = res.get("metrics")
+            rec.total_s = rec.consumer_s = round(time.monotonic() - t0, 4)
+            if metrics:
+                rec.consumer_ttft_server_ms = metrics.get("time_to_first_token_ms")
+                rec.consumer_spec = metrics.get("speculative_decoding")
+            if rec.prompt_tokens is None and rec.prompt_token_ids is not None:
+                rec.prompt_tokens = len(rec.prompt_token_ids)
+            if len(rec.token_ids) != max_tokens:
+                raise PDError(f"vllm-router returned {len(rec.token_ids)} token ids, expected {max_tokens}")
+        except Exception as e:  # noqa: BLE001 - one request's failure is data, not a crash
+            rec.error = f"{type(e).__name__}: {e}"
+            hints = self.pair.handoff_diagnosis(rid)
+            if hints:
+                rec.error += "\n  what the servers logged about this request's KV:\n    " + "\n    ".join(hints)
+            rec.total_s = round(time.monotonic() - t0, 4)
+        return rec
+
+    def complete_many(self, prompts: list[str], max_tokens: int = 32, stream: bool = False,
+                      concurrency: int = 1) -> tuple[list[PDRequest], dict]:
+        """All prompts through the router, with the pair's per-request and total NIXL counters."""
+        return self.pair.complete_many(prompts, max_tokens=max_tokens, stream=stream, concurrency=concurrency,
+                                       route=self.complete)
