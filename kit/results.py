@@ -43,9 +43,10 @@ def memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def machine() -> str:
-    """``CPU model, N cores, M GiB``; cores are those this process may run on."""
-    return f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores, {memory_gib():.0f} GiB"
+def machine(python: bool = False) -> str:
+    """``CPU model, N cores, M GiB`` (``, Python X`` with ``python``); cores are those this process may run on."""
+    hw = f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores, {memory_gib():.0f} GiB"
+    return f"{hw}, Python {platform.python_version()}" if python else hw
 
 
 def _dist_version(name: str) -> str | None:

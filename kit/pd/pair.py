@@ -444,7 +444,6 @@ class PDPair:
         prompts = check_prompts(prompts)
         check_count(concurrency, "concurrency")
         before = self.counters()
-        bs = self.block_size or 0
         recs: list[PDRequest]
         if concurrency <= 1:
             recs = []
