@@ -85,12 +85,14 @@ def _causal_lm_top(c: dict) -> dict:
     return t
 
 
-def _manifest_deepseek_v3(c: dict) -> dict:
+def _moe_mtp_layers(c: dict, attn) -> dict:
+    """Decoder layers then MTP layers of an MoE model (DeepSeek-V3, GLM-4 MoE): ``attn(prefix)`` gives each
+    layer's attention tensors; layers from ``first_k_dense_replace`` on (every ``moe_layer_freq``-th) are MoE."""
     t = _causal_lm_top(c)
     n = c["num_hidden_layers"]
     for i in range(n + c.get("num_nextn_predict_layers", 0)):
         p = f"model.layers.{i}"
-        t.update(_mla_attn(f"{p}.self_attn", c))
+        t.update(attn(p))
         t.update(_norms(p, c["hidden_size"]))
         moe = c.get("n_routed_experts") and i >= c["first_k_dense_replace"] and i % c.get("moe_layer_freq", 1) == 0
         t.update(_moe(f"{p}.mlp", c) if moe else _mlp(f"{p}.mlp", c["hidden_size"], c["intermediate_size"]))
@@ -99,21 +101,20 @@ def _manifest_deepseek_v3(c: dict) -> dict:
     return t
 
 
+def _manifest_deepseek_v3(c: dict) -> dict:
+    return _moe_mtp_layers(c, lambda p: _mla_attn(f"{p}.self_attn", c))
+
+
 def _manifest_glm4_moe(c: dict) -> dict:
-    t = _causal_lm_top(c)
-    n = c["num_hidden_layers"]
     d = c["head_dim"]
-    for i in range(n + c.get("num_nextn_predict_layers", 0)):
-        p = f"model.layers.{i}"
-        t.update(_gqa_attn(f"{p}.self_attn", c, bias=c["attention_bias"]))
+
+    def attn(p: str) -> dict:
+        t = _gqa_attn(f"{p}.self_attn", c, bias=c["attention_bias"])
         if c.get("use_qk_norm"):
             t.update({f"{p}.self_attn.q_norm.weight": [d], f"{p}.self_attn.k_norm.weight": [d]})
-        t.update(_norms(p, c["hidden_size"]))
-        moe = i >= c["first_k_dense_replace"]
-        t.update(_moe(f"{p}.mlp", c) if moe else _mlp(f"{p}.mlp", c["hidden_size"], c["intermediate_size"]))
-        if i >= n:
-            t.update(_mtp_extra(p, c))
-    return t
+        return t
+
+    return _moe_mtp_layers(c, attn)
 
 
 def _manifest_llama(c: dict) -> dict:

@@ -29,7 +29,7 @@ from ..engine import free_port
 from ..httpclient import client
 from ..procs import ManagedProcess
 from .client import PDError, post_json, stream_completion
-from .pair import PDPair, PDRequest
+from .pair import PDPair, PDRequest, finish_record
 
 DEFAULT_ROUTER_START_TIMEOUT = 60.0
 # Who sends a PD request's two calls: the kit (PDPair.complete) or vLLM's router.
@@ -151,19 +151,9 @@ class VllmRouter:
                 rec.prompt_tokens = (res.get("usage") or {}).get("prompt_tokens")
                 metrics = res.get("metrics")
             rec.total_s = rec.consumer_s = round(time.monotonic() - t0, 4)
-            if metrics:
-                rec.consumer_ttft_server_ms = metrics.get("time_to_first_token_ms")
-                rec.consumer_spec = metrics.get("speculative_decoding")
-            if rec.prompt_tokens is None and rec.prompt_token_ids is not None:
-                rec.prompt_tokens = len(rec.prompt_token_ids)
-            if len(rec.token_ids) != max_tokens:
-                raise PDError(f"vllm-router returned {len(rec.token_ids)} token ids, expected {max_tokens}")
+            finish_record(rec, metrics, max_tokens, "vllm-router")
         except Exception as e:  # noqa: BLE001 - one request's failure is data, not a crash
-            rec.error = f"{type(e).__name__}: {e}"
-            hints = self.pair.handoff_diagnosis(rid)
-            if hints:
-                rec.error += "\n  what the servers logged about this request's KV:\n    " + "\n    ".join(hints)
-            rec.total_s = round(time.monotonic() - t0, 4)
+            self.pair.record_failure(rec, e, t0)
         return rec
 
     def complete_many(self, prompts: list[str], max_tokens: int = 32, stream: bool = False,
