@@ -17,7 +17,7 @@ Models (see ``data/models/README.md``, section "Zoo", for what was observed on v
 * ``tiny-qwen3_5``: ``Qwen3_5ForCausalLM`` (``qwen3_5_text``; 3 Gated-DeltaNet layers + 1 full
   attention layer, linear head dims 128), ``mtp_num_hidden_layers`` 1 -> ``Qwen3_5MTP``. vLLM 0.32 CPU
   needs bf16 and, with spec decode, ``enable_prefix_caching=False`` (both set by
-  ``kit.topology.model_requirements``), and imports it only with the kit's ``qwen_vl_no_torchvision`` patch.
+  ``kit.models.model_requirements``), and imports it only with the kit's ``qwen_vl_no_torchvision`` patch.
 
 Usage: ``python -m kit.zoo [--out DIR] [--only NAME ...] [--no-tokenizer]``. The configs
 (:mod:`kit.zoo_configs`) and manifests (:mod:`kit.zoo_weights`) are pure functions of those files; the
