@@ -53,6 +53,20 @@ def router_binary() -> str:
     return found
 
 
+def router_command(prefill_url: str, decode_url: str, port: int, prometheus_port: int, request_timeout: float,
+                   start_timeout: float) -> list[str]:
+    """``vllm-router`` in vLLM PD mode for one prefill and one decode server, on loopback: NIXL, round robin, no
+    retries (a retried prefill would hand over a second copy of the KV), no circuit breaker, its Prometheus port
+    off the fixed default 29000, the workers' health polled every second at start."""
+    return [router_binary(), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+            "--prefill", prefill_url, "--decode", decode_url,
+            "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(prometheus_port),
+            "--policy", "round_robin", "--disable-retries", "--disable-circuit-breaker",
+            "--request-timeout-secs", str(int(request_timeout)),
+            "--worker-startup-timeout-secs", str(int(start_timeout)),
+            "--worker-startup-check-interval", "1", "--log-level", "info"]
+
+
 @dataclass
 class _Endpoint:
     """What :mod:`kit.pd.client` needs of a server: its URL and a name for messages."""
@@ -65,7 +79,10 @@ class VllmRouter:
     """``vllm-router`` in PD mode in front of a started :class:`PDPair`; a context manager."""
 
     def __init__(self, pair: PDPair, log_path: Path | str | None = None,
-                 start_timeout: float = DEFAULT_ROUTER_START_TIMEOUT):
+                 start_timeout: float = DEFAULT_ROUTER_START_TIMEOUT, api_key: str | None = None):
+        """``api_key``: the key the pair's servers require, if any. vllm-router 0.1.17 sends its own
+        ``OPENAI_API_KEY`` environment variable as the bearer token of both PD calls (not the client's
+        ``Authorization`` header, nor ``--api-key``), so the key goes to the router's environment."""
         if pair.producer is None or pair.consumer is None:
             raise PDError("start the pair before its router (use VllmRouter inside `with pair:`)")
         self.pair = pair
@@ -73,26 +90,21 @@ class VllmRouter:
         self.start_timeout = start_timeout
         self.port = free_port()
         self.endpoint = _Endpoint(f"http://127.0.0.1:{self.port}")
+        self.env = {"OPENAI_API_KEY": api_key} if api_key else {}
         self.proc: ManagedProcess | None = None
         self.start_seconds: float | None = None
         self.command_line: str | None = None
 
     def command(self) -> list[str]:
-        """The router's command line: one prefill and one decode URL, NIXL, no retries (a retried prefill
-        would hand over a second copy of the KV) and its Prometheus port off the fixed default 29000."""
-        return [router_binary(), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
-                "--prefill", self.pair.producer.url, "--decode", self.pair.consumer.url,
-                "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-port", str(free_port()),
-                "--policy", "round_robin", "--disable-retries", "--disable-circuit-breaker",
-                "--request-timeout-secs", str(int(self.pair.request_timeout)),
-                "--worker-startup-timeout-secs", str(int(self.start_timeout)),
-                "--worker-startup-check-interval", "1", "--log-level", "info"]
+        """The router's command line for this pair (:func:`router_command`)."""
+        return router_command(self.pair.producer.url, self.pair.consumer.url, self.port, free_port(),
+                              self.pair.request_timeout, self.start_timeout)
 
     def start(self) -> "VllmRouter":
         t0 = time.monotonic()
         cmd = self.command()
         self.command_line = shlex.join(cmd)
-        self.proc = ManagedProcess(cmd, log_path=self.log_path, name="vllm-router")
+        self.proc = ManagedProcess(cmd, env=self.env, log_path=self.log_path, name="vllm-router")
         deadline = t0 + self.start_timeout
         try:
             while True:
@@ -126,7 +138,11 @@ class VllmRouter:
     def complete(self, prompt: str, max_tokens: int = 32, stream: bool = False, index: int = 0,
                  request_id: str | None = None) -> PDRequest:
         """One prompt through the router; greedy, token ids returned; errors land in ``.error``. Both servers
-        are watched during the call (:meth:`PDPair._watched`): a dead one ends the wait with its root cause."""
+        are watched during the call (:meth:`PDPair._watched`): a dead one ends the wait with its root cause.
+
+        The router gives both calls an ``X-Request-Id`` of its own (``___prefill_addr_..._<uuid>``) in place of
+        the client's; a non-streamed answer's ``id`` (``cmpl-<that id>``) replaces ``request_id`` in the record.
+        """
         rid = request_id or f"pd-{uuid.uuid4().hex}"
         rec = PDRequest(index=index, request_id=rid, prompt=prompt, stream=stream)
         body = {"model": self.pair.model_name["consumer"], "prompt": prompt, "max_tokens": max_tokens,
@@ -144,6 +160,7 @@ class VllmRouter:
             else:
                 res = self.pair._watched("vllm-router call", post_json, self.endpoint, "/v1/completions", body,
                                          headers, self.pair.request_timeout, "vllm-router")
+                rec.request_id = str(res.get("id") or rid).removeprefix("cmpl-")
                 ch = res["choices"][0]
                 rec.token_ids = list(ch.get("token_ids") or [])
                 rec.text, rec.finish_reason = ch.get("text", ""), ch.get("finish_reason")
