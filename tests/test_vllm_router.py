@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from kit import pd
-from kit.pd.vllm_router import ROUTERS, router_binary, router_command, router_version
+from kit.pd.vllm_router import ROUTERS, choose_router, router_binary, router_command, router_version
 
 from conftest import MODEL
 
@@ -27,9 +27,16 @@ def test_the_pinned_router_takes_every_flag_the_kit_passes():
 
 def test_an_unknown_router_is_refused_before_any_process():
     p, c = pd.pd_topologies(MODEL, 1, None, 1, None, random_weights=True)
-    assert ROUTERS == ("kit", "vllm-router")
-    with pytest.raises(pd.TopologyError, match="router must be one of kit, vllm-router"):
+    assert ROUTERS == ("auto", "kit", "vllm-router")
+    with pytest.raises(pd.TopologyError, match="router must be one of auto, kit, vllm-router"):
         pd.pd_compare(p, c, ["def add(a, b):\n    return"], router="nginx")
+
+
+def test_auto_routes_pull_pairs_through_vllm_router_and_push_pairs_through_the_kit():
+    assert choose_router("auto", "nixl", 1)[0] == "vllm-router"
+    assert choose_router("auto", "nixl-push", 2)[0] == "kit"
+    assert choose_router("auto", "nixl-push", 1)[0] == "kit"
+    assert choose_router("kit", "nixl", 1)[0] == "kit"
 
 
 @pytest.mark.engine

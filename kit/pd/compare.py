@@ -16,7 +16,7 @@ from ..topology import Topology, TopologyError
 from ..validate import check_count, check_generation
 from .layout import DEFAULT_KV_EXTRA_CONFIG, kv_bytes_expected
 from .pair import PDPair
-from .vllm_router import ROUTERS, VllmRouter, router_version
+from .vllm_router import ROUTERS, VllmRouter, choose_router, router_version
 
 
 def acceptance_vs_colocated(consumer: dict, colocated: dict, n_requests: int, colocated_identical: bool) -> dict:
@@ -41,7 +41,7 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
                stream: bool = False, concurrency: int = 1, reference: GenerationResult | None = None,
                connector: str | None = None, timeout: float = 900.0, log_dir: Path | str | None = None,
                env: dict[str, str] | None = None, colocated: bool = False,
-               kv_extra_config: dict | None = None, router: str = "kit") -> dict:
+               kv_extra_config: dict | None = None, router: str = "auto") -> dict:
     """Run the prompts through a PD pair and compare the consumer's tokens with the PP=1 no-spec reference.
 
     The reference (``kit.engine.generate(consumer.reference(), ..., top2=True)``) runs first, in its own
@@ -51,17 +51,19 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     ``colocated=True`` (consumer with a drafter) also runs the consumer's topology as one plain engine on the
     same prompts and reports its spec-decode counters next to the consumer's (``acceptance_vs_colocated``).
     ``kv_extra_config`` adds ``kv_connector_extra_config`` keys for both servers (over the kit's defaults).
-    ``router``: ``"kit"`` (:meth:`PDPair.complete`: the producer's answer and the prefill/decode split of each
-    request's time are recorded) or ``"vllm-router"`` (:class:`~kit.pd.vllm_router.VllmRouter`: vLLM's router
-    makes both calls; only the end-to-end time and the consumer's answer are seen).
+    ``router``: ``"vllm-router"`` (:class:`~kit.pd.vllm_router.VllmRouter`: vLLM's router makes both calls; only
+    the end-to-end time and the consumer's answer are seen), ``"kit"`` (:meth:`PDPair.complete`: the producer's
+    answer and the prefill/decode split of each request's time are recorded too), or ``"auto"``: vllm-router for
+    the pull connector, the kit's router for push (:func:`~kit.pd.vllm_router.choose_router`).
     """
     prompts = check_generation(prompts, max_tokens, timeout)
-    if router not in ROUTERS:
+    if router not in ROUTERS:  # before the reference engine starts
         raise TopologyError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
     check_count(concurrency, "concurrency")
     # Built first: PDPair checks the pair (models, PP sizes, decode-side rule) before any process starts.
     pair = PDPair(producer, consumer, connector=connector, start_timeout=timeout, log_dir=log_dir, env=env,
                   kv_extra_config={**DEFAULT_KV_EXTRA_CONFIG, **(kv_extra_config or {})})
+    router, router_reason = choose_router(router, pair.connector, producer.pp)
     t_ref = None
     if reference is None:
         t0 = time.monotonic()
@@ -114,6 +116,7 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
         "handoff_ok": all(handoff.values()),
         "handoff_checks": handoff,
         "router": router,
+        "router_reason": router_reason,
         "vllm_router": router_info,
         "connector": pair.connector,
         "connector_class": desc["connector_class"],

@@ -28,12 +28,31 @@ import httpx
 from ..engine import free_port
 from ..httpclient import client
 from ..procs import ManagedProcess
+from ..topology import TopologyError
 from .client import PDError, post_json, stream_completion
 from .pair import PDPair, PDRequest, finish_record
 
 DEFAULT_ROUTER_START_TIMEOUT = 60.0
-# Who sends a PD request's two calls: the kit (PDPair.complete) or vLLM's router.
-ROUTERS = ("kit", "vllm-router")
+# Who sends a PD request's two calls: the kit (PDPair.complete) or vLLM's router; "auto" picks by connector.
+ROUTERS = ("auto", "kit", "vllm-router")
+
+
+def choose_router(router: str, connector: str, producer_pp: int) -> tuple[str, str]:
+    """``("kit" | "vllm-router", reason)`` for a pair with this connector, decided before any process starts.
+
+    ``auto``: vllm-router for the pull connector (measured: the reference tokens and the expected KV bytes);
+    the kit's router for push. vllm-router 0.1.17 rebuilds a push producer's ``kv_transfer_params`` (those
+    with ``transfer_mode: push``) from a fixed set of keys and drops ``pp_size``: the consumer then takes the
+    producer for PP=1 (``docs/findings.md#vllm-router-in-front-of-nixl-pairs``).
+    """
+    if router not in ROUTERS:
+        raise TopologyError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+    if router != "auto":
+        return router, f"requested ({router})"
+    if connector == "nixl":
+        return "vllm-router", "pull connector: vLLM's PD router (vllm-router) makes the prefill and decode calls"
+    return "kit", ("push connector: vllm-router 0.1.17 drops the producer's pp_size from a push handoff's "
+                   "kv_transfer_params, so the kit's router (which passes them unchanged) makes the two calls")
 
 
 def router_version() -> str | None:
