@@ -7,10 +7,16 @@ asking for a remote decode, then the original request to the consumer with the r
 started pair (a managed process with its own log), and routes prompts through it; the KV bytes are read
 from the same NIXL counters as the kit's own router (:meth:`PDPair.complete_many` with ``route=``).
 
-What it cannot give, and why the kit keeps its own router for it: the producer's answer (its first token and
-the ``kv_transfer_params`` it returned), the split of a request's time into prefill and decode, a pause
-between the two calls (fault injection), and the log lines about one request's handoff. These all live
-between the two calls, which the router does inside one HTTP request.
+What it cannot do, and why the kit keeps its own router for it (:func:`choose_router`):
+
+- push pairs with a PP>1 producer: vllm-router 0.1.17 rebuilds a push producer's ``kv_transfer_params`` and drops
+  ``pp_size``, so a PP=2 consumer refuses the handoff and a PP=1 consumer counts one producer stage's write as
+  all of them (``docs/findings.md#vllm-router-in-front-of-nixl-pairs``); ``auto`` sends every push pair through
+  the kit's router;
+- what lives between the two calls, which the router makes inside one HTTP request: the producer's answer (its
+  first token and the ``kv_transfer_params`` it returned), the split of a request's time into prefill and decode
+  (notebook 04's timeline), a pause between the calls (fault injection), and the log lines about one request's
+  handoff (the router replaces the client's ``X-Request-Id`` with its own).
 """
 from __future__ import annotations
 
