@@ -114,6 +114,9 @@ CASES: list[Case] = [
     cli("--timeout NaN", f"{P} --timeout nan", "argument --timeout"),
     cli("--limit 0", f"{P} --limit 0", "argument --limit"),
     cli("--kv-extra without =", f"{P} --kv-extra lease", "--kv-extra wants KEY=VALUE"),
+    cli("vllm-router for a push pair with a PP=2 producer", f"{P} --producer-pp 2 --router vllm-router",
+        "drops the producer's pp_size"),
+    cli("--router unknown", f"{P} --router nginx", "argument --router: invalid choice"),
     cli("--prompts a directory", f"{P} --prompts {TMP}/dir", "is a directory"),
     # kit bench
     cli("--pp 0 in the grid", f"{B} --pp 0", "pp must be an integer >= 1"),

@@ -37,6 +37,8 @@ def test_auto_routes_pull_pairs_through_vllm_router_and_push_pairs_through_the_k
     assert choose_router("auto", "nixl-push", 2)[0] == "kit"
     assert choose_router("auto", "nixl-push", 1)[0] == "kit"
     assert choose_router("kit", "nixl", 1)[0] == "kit"
+    with pytest.raises(pd.TopologyError, match="drops the producer's pp_size"):
+        choose_router("vllm-router", "nixl-push", 2)
 
 
 @pytest.mark.engine

@@ -53,6 +53,11 @@ def choose_router(router: str, connector: str, producer_pp: int) -> tuple[str, s
     """
     if router not in ROUTERS:
         raise TopologyError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+    if router == "vllm-router" and connector == "nixl-push" and producer_pp > 1:
+        raise TopologyError(
+            f"vllm-router cannot route this push pair (producer PP={producer_pp}): vllm-router 0.1.17 drops the "
+            "producer's pp_size from a push handoff's kv_transfer_params, so a PP=2 consumer refuses the handoff and a "
+            "PP=1 consumer counts one producer stage's write as all of them; use --router kit or auto")
     if router != "auto":
         return router, f"requested ({router})"
     if connector == "nixl":
