@@ -13,6 +13,7 @@ and compares that folder before and after.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import shlex
@@ -43,12 +44,9 @@ class Case:
         return f"kit {self.text}" if self.kind == "cli" else self.text
 
 
-def cli(what: str, text: str, expect: str) -> Case:
-    return Case("cli", what, text, expect)
-
-
-def api(what: str, text: str, expect: str) -> Case:
-    return Case("api", what, text, expect)
+# cli(what, text, expect) and api(what, text, expect): a case of each kind.
+cli = functools.partial(Case, "cli")
+api = functools.partial(Case, "api")
 
 
 C, P, B = "compare --random", "pd --random", "bench --random --force"
@@ -116,6 +114,9 @@ CASES: list[Case] = [
     cli("--timeout NaN", f"{P} --timeout nan", "argument --timeout"),
     cli("--limit 0", f"{P} --limit 0", "argument --limit"),
     cli("--kv-extra without =", f"{P} --kv-extra lease", "--kv-extra wants KEY=VALUE"),
+    cli("vllm-router for a push pair with a PP=2 producer", f"{P} --producer-pp 2 --router vllm-router",
+        "drops the producer's pp_size"),
+    cli("--router unknown", f"{P} --router nginx", "argument --router: invalid choice"),
     cli("--prompts a directory", f"{P} --prompts {TMP}/dir", "is a directory"),
     # kit bench
     cli("--pp 0 in the grid", f"{B} --pp 0", "pp must be an integer >= 1"),
@@ -377,18 +378,13 @@ def render(outcomes: list[tuple[Case, Outcome]] | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kit.bad_input [--check] [PATH]``: write (or compare) the table."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    check = "--check" in argv
-    paths = [a for a in argv if a != "--check"]
-    path = Path(paths[0]) if paths else DOC_PATH
+    from .results import write_or_check
+
     want = render()
-    if check:
-        have = path.read_text() if path.exists() else ""
-        if have != want:
-            print(f"{path} is out of date with kit/bad_input.py: run `{REGENERATE}`", file=sys.stderr)
-            return 1
-        return 0
-    path.write_text(want)
+    path, rc = write_or_check(sys.argv[1:] if argv is None else list(argv), DOC_PATH, want, "kit/bad_input.py",
+                              REGENERATE)
+    if rc is not None:
+        return rc
     print(f"wrote {path} ({len(CASES)} cases)")
     return 0 if "NOT REFUSED AS EXPECTED" not in want else 1
 

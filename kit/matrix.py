@@ -81,7 +81,7 @@ for pp in (2, 4):
 CELLS.append(Cell("tiny-deepseek-v3", True, 2, "mtp:2", ref_pp=2))
 # Qwen3.5 (Gated-DeltaNet + full attention hybrid, qwen3_5_mtp drafter), seeded random weights: PP 1/2/4 x k 1..3,
 # and max_num_seqs below the prompt count (requests leave and re-enter the batch: the per-request recurrent state
-# in each stage's mamba cache must survive). bf16 and prefix caching off come from kit.topology.model_requirements.
+# in each stage's mamba cache must survive). bf16 and prefix caching off come from kit.models.model_requirements.
 for pp in (1, 2, 4):
     for k in (1, 2, 3):
         CELLS.append(Cell("tiny-qwen3_5", True, pp, f"mtp:{k}"))

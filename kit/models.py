@@ -14,6 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
@@ -166,3 +167,28 @@ def weights_manifest_from_safetensors(path: Path) -> dict:
 
     with safe_open(str(path), framework="numpy") as f:
         return {"tensors": {k: list(f.get_slice(k).get_shape()) for k in sorted(f.keys())}}
+
+
+def model_requirements(info: ModelInfo, device: str, spec: object | None) -> tuple[str | None, dict[str, Any]]:
+    """What a model family needs from vLLM 0.32 beyond the topology: ``(dtype or None, extra engine args)``.
+
+    The one place for model-specific settings (measured on vLLM 0.32.0 CPU, ``docs/findings.md#qwen35-hybrid-gdn-under-pp-and-mtp``):
+
+    - Gated-DeltaNet layers (``layer_types`` with ``linear_attention``: Qwen3.5, Qwen3-Next) on CPU need bfloat16:
+      the CPU GDN kernel asserts it ("CPU GDN attention requires BF16."). The kit's float32 default gives way to it
+      (:class:`~kit.topology.Topology` substitutes it; another explicit dtype is refused).
+    - Hybrid models (linear attention / mamba state beside full attention) with speculative decoding need
+      ``enable_prefix_caching=False``: with prefix caching on, vLLM picks the mamba cache mode ``align``, whose
+      state copy with spec decode fails in ``v1/worker/mamba_utils.py``. The no-spec reference keeps vLLM's default.
+
+    ``spec``: the topology's :class:`~kit.topology.Spec`, or None without speculative decoding. Extra engine args
+    given to a :class:`~kit.topology.Topology` (``extra_engine_args``) still win over these.
+    """
+    layer_types = info.config.get("layer_types") or []
+    gdn = "linear_attention" in layer_types
+    hybrid = gdn or any(t in ("mamba", "mamba2") for t in layer_types)
+    dtype = "bfloat16" if gdn and device == "cpu" else None
+    extra: dict[str, Any] = {}
+    if hybrid and spec is not None:
+        extra["enable_prefix_caching"] = False
+    return dtype, extra

@@ -21,7 +21,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -30,7 +29,7 @@ from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server
 from .metrics import SpecCounters, parse_prometheus
 from .models import cache_dir
 from .patches import ENV_LOG
-from .procs import ManagedProcess, python_cmd
+from .procs import Abandoned, ManagedProcess, call_watched, python_cmd
 from .topology import Topology, TopologyError
 
 
@@ -177,24 +176,18 @@ class MultiNode:
     def _watched(self, what: str, fn, *args):
         """Run ``fn`` in a thread while watching every node (once a second): a dead node ends the wait with a
         :class:`NodeError` naming it, instead of leaving the caller until ``fn``'s own timeout."""
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = fn(*args)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = e
-
-        th = threading.Thread(target=target, daemon=True, name=f"nodes-{what}")
-        th.start()
-        while th.is_alive():
-            th.join(1.0)
+        def deaths() -> str:
             dead = self.dead_nodes()
-            if dead and (th.is_alive() or "error" in box):
-                raise NodeError(f"{what} abandoned: " + "; ".join(dead[r] for r in sorted(dead)))
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
+            return "; ".join(dead[r] for r in sorted(dead))
+
+        try:
+            return call_watched(lambda: fn(*args), deaths, name=f"nodes-{what}")
+        except Abandoned as e:
+            raise NodeError(f"{what} abandoned: {e}") from None
+        except Exception:
+            if dead := deaths():  # the call failed because a node died: name the node
+                raise NodeError(f"{what} abandoned: {dead}") from None
+            raise
 
     def listening(self) -> list[dict]:
         """Every listening TCP socket of every node's tree: ``{"node", "pid", "ip", "port"}``."""

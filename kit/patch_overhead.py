@@ -115,7 +115,7 @@ def startup_table(runs: list[dict], command: str) -> str:
     import torch
     import vllm
 
-    from .bench import machine
+    from .results import machine
 
     def stat(xs: list[float]) -> str:
         return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]" if xs else "-"
@@ -123,7 +123,7 @@ def startup_table(runs: list[dict], command: str) -> str:
     kinds = sorted({k for r in runs for k in r["plugin_s"]}, key=lambda k: (k != "front end", k != "engine core", k))
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(max([r.get("time", 0) for r in runs], default=0) or None))
     lines = ["## Patch plugin start-up cost", "",
-             f"Measured {when} UTC on {machine()}; vLLM {vllm.__version__}, torch {torch.__version__}, "
+             f"Measured {when} UTC on {machine(python=True)}; vLLM {vllm.__version__}, torch {torch.__version__}, "
              f"{platform.system()}.  ", f"Command: `{command}`", "",
              "| patches applied | engines | engine start s | " + " | ".join(f"plugin s, {k}" for k in kinds) + " |",
              "|---" * (3 + len(kinds)) + "|"]

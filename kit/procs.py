@@ -17,9 +17,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import psutil
 
@@ -27,6 +29,7 @@ from .guard import SHM_DIR, TREE_TMP_ENV, TREE_TMP_PREFIX, is_vllm_shm
 from .guard import command as guard_command
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
+T = TypeVar("T")
 
 # Process titles vLLM gives its children; used to spot a dead worker early.
 VLLM_TITLES = re.compile(r"VLLM::|EngineCore|Worker_PP|Worker_TP|RayWorker", re.I)
@@ -275,6 +278,37 @@ class ManagedProcess:
 
     def __exit__(self, *exc) -> None:
         self.terminate()
+
+
+class Abandoned(RuntimeError):
+    """:func:`call_watched` stopped waiting: a watched process died while the call ran (message: what died)."""
+
+
+def call_watched(fn: Callable[[], T], deaths: Callable[[], str | None], name: str = "watched",
+                 poll: float = 1.0) -> T:
+    """``fn()`` in a daemon thread, asking ``deaths()`` every ``poll`` seconds while it runs.
+
+    A death (a non-empty description) ends the wait at once with :class:`Abandoned`, instead of leaving the
+    caller until ``fn``'s own timeout; the thread is left to that timeout. ``fn``'s exception is re-raised
+    here (the caller may then ask ``deaths()`` for the root cause: a request to a dying server fails first).
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    th = threading.Thread(target=target, daemon=True, name=name)
+    th.start()
+    while th.is_alive():
+        th.join(poll)
+        if th.is_alive() and (dead := deaths()):
+            raise Abandoned(dead)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def kill_all() -> None:

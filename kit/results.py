@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import shlex
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -43,9 +44,10 @@ def memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def machine() -> str:
-    """``CPU model, N cores, M GiB``; cores are those this process may run on."""
-    return f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores, {memory_gib():.0f} GiB"
+def machine(python: bool = False) -> str:
+    """``CPU model, N cores, M GiB`` (``, Python X`` with ``python``); cores are those this process may run on."""
+    hw = f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores, {memory_gib():.0f} GiB"
+    return f"{hw}, Python {platform.python_version()}" if python else hw
 
 
 def _dist_version(name: str) -> str | None:
@@ -140,3 +142,22 @@ def write_block(path: str | Path, key: str, body: str, command: str, when: _dt.d
         new = old.rstrip("\n") + "\n\n" + block + "\n"
     p.write_text(new)
     return block
+
+
+def write_or_check(argv: list[str], default: Path, text: str, source: str, regenerate: str) -> tuple[Path, int | None]:
+    """``[--check] [PATH]`` of a generated document (``docs/patches.md``, ``docs/bad-input.md``).
+
+    ``--check``: returns ``(path, 0)`` when PATH holds ``text``, else ``(path, 1)`` with one line on stderr naming
+    ``source`` and the ``regenerate`` command. Otherwise writes ``text`` to PATH and returns ``(path, None)``.
+    """
+    check = "--check" in argv
+    paths = [a for a in argv if a != "--check"]
+    path = Path(paths[0]) if paths else default
+    if check:
+        if not path.exists() or path.read_text() != text:
+            print(f"{path} is out of date with {source}: run `{regenerate}`", file=sys.stderr)
+            return path, 1
+        return path, 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path, None

@@ -6,8 +6,8 @@ executor backend. It turns into ``vllm.LLM`` keyword arguments (:meth:`Topology.
 OpenAI-server flags (:meth:`Topology.serve_args`) and into the environment vLLM needs
 (:meth:`Topology.env`). The same topology targets a GPU by setting ``device="cuda"``.
 
-Model-specific engine settings live in one place, :func:`model_requirements`: what a model family needs from
-vLLM 0.32 beyond the topology's own fields (today: hybrid Gated-DeltaNet models such as Qwen3.5).
+Model-specific engine settings live in one place, :func:`kit.models.model_requirements`: what a model family needs
+from vLLM 0.32 beyond the topology's own fields (today: hybrid Gated-DeltaNet models such as Qwen3.5).
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .models import ModelError, ModelInfo, random_checkpoint, resolve_model
+from .cores import core_ranges, cpu_count, omp_threads_bind  # noqa: F401 - omp_threads_bind is imported from here too
+from .models import ModelError, ModelInfo, model_requirements, random_checkpoint, resolve_model
 
 SPEC_METHODS = ("mtp", "eagle3", "draft_model", "ngram")
 MAX_SPEC_TOKENS = 8
@@ -105,7 +106,7 @@ class Topology:
         if dtype and self.dtype != dtype:
             if self.dtype != "float32":  # the kit's default gives way; another explicit choice is an error
                 raise TopologyError(f"model {self.info.name} needs dtype {dtype} on {self.device} "
-                                    f"(see kit.topology.model_requirements), got {self.dtype}")
+                                    f"(see kit.models.model_requirements), got {self.dtype}")
             object.__setattr__(self, "dtype", dtype)
         if note := self.runner_note():
             warnings.warn(note, RunnerWarning, stacklevel=3)
@@ -135,8 +136,8 @@ class Topology:
             raise TopologyError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.dtype not in DTYPES:
             raise TopologyError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.device == "cpu" and self.tp > 1 and self.pp * self.tp > max(4, _cpu_count()):
-            raise TopologyError(f"tp*pp={self.tp * self.pp} ranks exceed what this CPU hosts ({_cpu_count()} cores)")
+        if self.device == "cpu" and self.tp > 1 and self.pp * self.tp > max(4, cpu_count()):
+            raise TopologyError(f"tp*pp={self.tp * self.pp} ranks exceed what this CPU hosts ({cpu_count()} cores)")
         self._validate_nodes()
         self._validate_runner()
         if self.device == "cuda":
@@ -200,8 +201,8 @@ class Topology:
             raise TopologyError(f"nodes={n} must divide pp={self.pp}: each node holds whole pipeline stages")
         if self.pd_role is not None:
             raise TopologyError("a multi-node topology takes no PD role: its nodes form one engine")
-        if self.device == "cpu" and n > _cpu_count():
-            raise TopologyError(f"nodes={n} local CPU nodes need a core each; this machine gives {_cpu_count()}")
+        if self.device == "cpu" and n > cpu_count():
+            raise TopologyError(f"nodes={n} local CPU nodes need a core each; this machine gives {cpu_count()}")
 
     def _validate_runner(self) -> None:
         if self.runner not in RUNNERS:
@@ -455,44 +456,13 @@ class NodeCommand:
         """The command as one shell line (environment first; ``taskset`` when the node is pinned)."""
         import shlex
 
-        pin = ["taskset", "-c", _ranges(self.cores)] if self.cores else []
+        pin = ["taskset", "-c", core_ranges(self.cores)] if self.cores else []
         return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())),
                          *map(shlex.quote, pin + self.argv)])
 
 
-def model_requirements(info: ModelInfo, device: str, spec: Spec | None) -> tuple[str | None, dict[str, Any]]:
-    """What a model family needs from vLLM 0.32 beyond the topology: ``(dtype or None, extra engine args)``.
-
-    The one place for model-specific settings (measured on vLLM 0.32.0 CPU, ``docs/findings.md#qwen35-hybrid-gdn-under-pp-and-mtp``):
-
-    - Gated-DeltaNet layers (``layer_types`` with ``linear_attention``: Qwen3.5, Qwen3-Next) on CPU need bfloat16:
-      the CPU GDN kernel asserts it ("CPU GDN attention requires BF16."). The kit's float32 default gives way to it
-      (:class:`Topology` substitutes it; another explicit dtype is refused).
-    - Hybrid models (linear attention / mamba state beside full attention) with speculative decoding need
-      ``enable_prefix_caching=False``: with prefix caching on, vLLM picks the mamba cache mode ``align``, whose
-      state copy with spec decode fails in ``v1/worker/mamba_utils.py``. The no-spec reference keeps vLLM's default.
-
-    Extra engine args given to a :class:`Topology` (``extra_engine_args``) still win over these.
-    """
-    layer_types = info.config.get("layer_types") or []
-    gdn = "linear_attention" in layer_types
-    hybrid = gdn or any(t in ("mamba", "mamba2") for t in layer_types)
-    dtype = "bfloat16" if gdn and device == "cpu" else None
-    extra: dict[str, Any] = {}
-    if hybrid and spec is not None:
-        extra["enable_prefix_caching"] = False
-    return dtype, extra
-
-
 def _fmt_num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
 
 
 def _cuda_count() -> int | None:
@@ -500,34 +470,3 @@ def _cuda_count() -> int | None:
     if vis is not None:
         return len([v for v in vis.split(",") if v.strip()])
     return None
-
-
-def omp_threads_bind(ranks: int, cores: list[int] | None = None) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers: one ``|``-separated core list per rank.
-
-    Cores are split into contiguous, equal groups; with more ranks than cores, ranks share cores
-    round-robin (PP=4 on 2 cores gives ``0|1|0|1``). vLLM's automatic binding refuses more than one
-    worker per NUMA node, hence the explicit list.
-    """
-    cores = sorted(cores if cores is not None else os.sched_getaffinity(0))
-    if ranks <= 1:
-        return _ranges(cores)
-    if ranks >= len(cores):
-        return "|".join(str(cores[i % len(cores)]) for i in range(ranks))
-    per = len(cores) // ranks
-    return "|".join(_ranges(cores[i * per:(i + 1) * per]) for i in range(ranks))
-
-
-def _ranges(cores: list[int]) -> str:
-    out, start, prev = [], None, None
-    for c in cores:
-        if start is None:
-            start = prev = c
-        elif c == prev + 1:
-            prev = c
-        else:
-            out.append(f"{start}-{prev}" if prev != start else str(start))
-            start = prev = c
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else str(start))
-    return ",".join(out)

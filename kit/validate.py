@@ -19,26 +19,24 @@ from .topology import TopologyError
 
 # -- argparse types -------------------------------------------------------------------------------
 
-def arg_count(text: str) -> int:
-    """An integer >= 1 (``--limit``, ``--repeats``, ``--steps``)."""
+def _arg_int(text: str, minimum: int) -> int:
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+    if n < minimum:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {n}")
     return n
+
+
+def arg_count(text: str) -> int:
+    """An integer >= 1 (``--limit``, ``--repeats``, ``--steps``)."""
+    return _arg_int(text, 1)
 
 
 def arg_seed(text: str) -> int:
     """An integer >= 0 (``--seed``: numpy, torch and vLLM take no negative seeds)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {n}")
-    return n
+    return _arg_int(text, 0)
 
 
 def arg_seconds(text: str) -> float:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .compare import load_prompts
 from .engine import EngineError, generate
 from .models import DATA_DIR
+from .results import machine
 from .topology import Topology
 
 README = DATA_DIR / "models" / "README.md"
@@ -64,9 +65,7 @@ def probe(p: Probe, timeout: float = 600.0) -> dict:
 
 
 def table(rows: list[tuple[Probe, dict]]) -> str:
-    from .bench import machine
-
-    out = [f"Observed {time.strftime('%Y-%m-%d')} on {machine()} with `python -m kit.zoo_status` (vLLM 0.32.0 CPU, PP=1, eager, "
+    out = [f"Observed {time.strftime('%Y-%m-%d')} on {machine(python=True)} with `python -m kit.zoo_status` (vLLM 0.32.0 CPU, PP=1, eager, "
            "seeded random weights, greedy, 2 prompts x 16 tokens, the kit's patches on):", "",
            "| model | family | spec | dtype / settings | result |", "|---|---|---|---|---|"]
     for p, r in rows:

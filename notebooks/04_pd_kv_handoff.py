@@ -69,8 +69,11 @@ from kit import engine
 prompts = load_prompts(limit=NUM_PROMPTS)
 # The reference: one plain engine, PP=1, no speculation (kept for the second pair further down).
 reference = engine.generate(consumer.reference(), prompts, max_tokens=MAX_TOKENS, top2=True)
-# colocated=True: the consumer's topology also runs as one plain engine, for the acceptance comparison below
-d = pd.pd_compare(producer, consumer, prompts, max_tokens=MAX_TOKENS, colocated=True, reference=reference)
+# colocated=True: the consumer's topology also runs as one plain engine, for the acceptance comparison below.
+# router="kit": the kit's router makes the two calls and times each (the timeline below); vLLM's vllm-router
+# (the default for pull pairs) makes them inside one request.
+d = pd.pd_compare(producer, consumer, prompts, max_tokens=MAX_TOKENS, colocated=True, reference=reference,
+                  router="kit")
 print("identical to the colocated PP=1 reference:", d["identical"], d["first_divergence"] or "")
 print("handoff checks:", d["handoff_checks"])
 print("KV bytes: measured", d["kv_bytes_transferred"], " expected", d["kv_bytes_expected"], " =", d["kv_expected"]["formula"])

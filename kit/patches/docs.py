@@ -143,18 +143,13 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    check = "--check" in argv
-    paths = [a for a in argv if a != "--check"]
-    path = Path(paths[0]) if paths else DOC_PATH
-    text = render()
-    if check:
-        if not path.exists() or path.read_text() != text:
-            print(f"{path} is out of date with kit/patches/: run `{REGENERATE}`", file=sys.stderr)
-            return 1
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    """``python -m kit.patches.docs [--check] [PATH]``: write (or compare) ``docs/patches.md``."""
+    from ..results import write_or_check
+
+    path, rc = write_or_check(sys.argv[1:] if argv is None else list(argv), DOC_PATH, render(), "kit/patches/",
+                              REGENERATE)
+    if rc is not None:
+        return rc
     print(f"wrote {path} ({len(INDEX)} patches)")
     return 0
 

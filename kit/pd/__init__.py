@@ -9,6 +9,8 @@ Modules, each importing only the ones before it:
 - :mod:`kit.pd.pair`: :class:`PDPair`, the two servers' lifecycle and the router (:meth:`PDPair.complete`,
   :meth:`PDPair.complete_many`); what moved, from NIXL's own counters on both servers' ``/metrics``
   (:class:`kit.metrics.Counters`).
+- :mod:`kit.pd.vllm_router`: :class:`VllmRouter`, vLLM's PD router (``vllm-router``) in front of a started pair,
+  and :func:`choose_router` (vllm-router for pull pairs, the kit's router for push).
 - :mod:`kit.pd.compare`: :func:`pd_compare`, the consumer's tokens against the colocated PP=1, no-spec reference.
 - :mod:`kit.pd.cli`: ``kit pd``.
 """
@@ -19,6 +21,7 @@ from .client import PDError, model_id, post_json
 from .layout import (DEFAULT_KV_EXTRA_CONFIG, DTYPE_BYTES, check_pair, choose_connector, hidden_state_drafter,
                      kv_block_bytes, kv_bytes_expected, kv_layer_names, kv_layers_moved, pd_topologies)
 from .pair import DEFAULT_REQUEST_TIMEOUT, PRODUCER_KV_PARAMS, WARMUP_PROMPT, PDPair, PDRequest
+from .vllm_router import ROUTERS, VllmRouter, choose_router
 from .compare import acceptance_vs_colocated, pd_compare
 from .cli import parse_kv_extra
 
@@ -26,7 +29,7 @@ from .cli import parse_kv_extra
 _model_id, _post_json = model_id, post_json
 
 __all__ = ["Counters", "DEFAULT_KV_EXTRA_CONFIG", "DEFAULT_REQUEST_TIMEOUT", "DTYPE_BYTES", "PDError", "PDPair",
-           "PDRequest", "PRODUCER_KV_PARAMS", "TopologyError", "WARMUP_PROMPT", "acceptance_vs_colocated",
+           "PDRequest", "PRODUCER_KV_PARAMS", "ROUTERS", "TopologyError", "VllmRouter", "choose_router", "WARMUP_PROMPT", "acceptance_vs_colocated",
            "block_size_from_metrics", "check_pair", "choose_connector", "fatal_log_lines", "hidden_state_drafter",
            "kv_block_bytes", "kv_bytes_expected", "kv_layer_names", "kv_layers_moved", "model_id", "parse_kv_extra",
            "pd_compare", "pd_topologies", "post_json"]

@@ -15,6 +15,7 @@ from ..topology import Spec, TopologyError
 from .client import PDError
 from .compare import pd_compare
 from .layout import DEFAULT_KV_EXTRA_CONFIG, check_pair, pd_topologies
+from .vllm_router import ROUTERS, choose_router
 
 
 def parse_kv_extra(items: list[str]) -> dict:
@@ -38,6 +39,10 @@ def register(sub) -> None:
     add_output_flags(p)
     p.add_argument("--stream", action="store_true", help="stream from the consumer")
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    p.add_argument("--router", choices=list(ROUTERS), default="auto",
+                   help="who sends each request's prefill and decode calls: vLLM's vllm-router, the kit (also records "
+                        "the producer's answer and the prefill/decode time split), or auto: vllm-router for the pull "
+                        "connector, the kit for push (vllm-router 0.1.17 drops a push producer's pp_size)")
     p.add_argument("--colocated-acceptance", action="store_true",
                    help="also run the consumer topology as one plain engine and compare spec-decode acceptance")
     p.add_argument("--kv-extra", action="append", default=[], metavar="KEY=VALUE",
@@ -58,11 +63,12 @@ def run(args: argparse.Namespace) -> int:
     prompts = read_prompts(args)
     kv_extra = parse_kv_extra(args.kv_extra)
     connector = None if args.connector == "auto" else args.connector
-    check_pair(prod, cons, connector, None, {**DEFAULT_KV_EXTRA_CONFIG, **kv_extra})  # refuses what vLLM would
+    chosen, _ = check_pair(prod, cons, connector, None, {**DEFAULT_KV_EXTRA_CONFIG, **kv_extra})  # refuses what vLLM would
+    choose_router(args.router, chosen, prod.pp)
     try:
         d = pd_compare(prod, cons, prompts, max_tokens=args.max_tokens, stream=args.stream,
                        concurrency=args.concurrency, connector=connector, timeout=args.timeout,
-                       colocated=args.colocated_acceptance, kv_extra_config=kv_extra)
+                       colocated=args.colocated_acceptance, kv_extra_config=kv_extra, router=args.router)
     except (EngineError, PDError) as e:
         print(f"kit pd: failed: {e}", file=sys.stderr)
         if args.json:
@@ -77,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_summary(d: dict, producer: str, consumer: str, args: argparse.Namespace) -> None:
     print(f"connector : {d['connector_class']} ({d['connector_reason']})")
+    print(f"router    : {d['router']}" + (f" {d['vllm_router']['version']} (started in {d['vllm_router']['start_s']} s; "
+                                              f"log {d['vllm_router']['log']})" if d["vllm_router"] else "")
+          + f"; {d['router_reason']}")
     print(f"producer  : {producer}   consumer: {consumer}")
     print(f"prompts   : {d['num_prompts']} x {args.max_tokens} tokens, stream={args.stream}, "
           f"concurrency={args.concurrency}")
@@ -87,8 +96,10 @@ def _print_summary(d: dict, producer: str, consumer: str, args: argparse.Namespa
           f"received {d['consumer_external_tokens']} of {d['prompt_tokens']}")
     print(f"handoff   : {'ok' if d['handoff_ok'] else 'FAILED'} {d['handoff_checks']}")
     for t in d["timings"]["per_request"]:
-        print(f"  #{t['index']}: {t['prompt_tokens']} prompt tokens, prefill {t['producer_prefill_s']} s, "
-              f"consumer ttft {t['consumer_ttft_s']} s (server {t['consumer_ttft_server_ms']} ms), total {t['total_s']} s")
+        split = (f"prefill {t['producer_prefill_s']} s, consumer ttft {t['consumer_ttft_s']} s "
+                 if t["producer_prefill_s"] is not None else "")  # the kit's router sees the two calls apart
+        print(f"  #{t['index']}: {t['prompt_tokens']} prompt tokens, {split}(server ttft {t['consumer_ttft_server_ms']} ms), "
+              f"total {t['total_s']} s")
     if d["consumer_spec"]:
         print(f"consumer spec: {d['consumer_spec']}")
     if d["acceptance_vs_colocated"]:

@@ -5,16 +5,18 @@ spec-decode counters next to one plain engine's on the same prompts.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 from ..compare import first_divergence
 from ..engine import GenerationResult, generate
 from ..metrics import SpecCounters
-from ..topology import Topology
+from ..topology import Topology, TopologyError
 from ..validate import check_count, check_generation
 from .layout import DEFAULT_KV_EXTRA_CONFIG, kv_bytes_expected
 from .pair import PDPair
+from .vllm_router import ROUTERS, VllmRouter, choose_router, router_version
 
 
 def acceptance_vs_colocated(consumer: dict, colocated: dict, n_requests: int, colocated_identical: bool) -> dict:
@@ -39,7 +41,7 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
                stream: bool = False, concurrency: int = 1, reference: GenerationResult | None = None,
                connector: str | None = None, timeout: float = 900.0, log_dir: Path | str | None = None,
                env: dict[str, str] | None = None, colocated: bool = False,
-               kv_extra_config: dict | None = None) -> dict:
+               kv_extra_config: dict | None = None, router: str = "auto") -> dict:
     """Run the prompts through a PD pair and compare the consumer's tokens with the PP=1 no-spec reference.
 
     The reference (``kit.engine.generate(consumer.reference(), ..., top2=True)``) runs first, in its own
@@ -49,12 +51,19 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     ``colocated=True`` (consumer with a drafter) also runs the consumer's topology as one plain engine on the
     same prompts and reports its spec-decode counters next to the consumer's (``acceptance_vs_colocated``).
     ``kv_extra_config`` adds ``kv_connector_extra_config`` keys for both servers (over the kit's defaults).
+    ``router``: ``"vllm-router"`` (:class:`~kit.pd.vllm_router.VllmRouter`: vLLM's router makes both calls; only
+    the end-to-end time and the consumer's answer are seen), ``"kit"`` (:meth:`PDPair.complete`: the producer's
+    answer and the prefill/decode split of each request's time are recorded too), or ``"auto"``: vllm-router for
+    the pull connector, the kit's router for push (:func:`~kit.pd.vllm_router.choose_router`).
     """
     prompts = check_generation(prompts, max_tokens, timeout)
+    if router not in ROUTERS:  # before the reference engine starts
+        raise TopologyError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
     check_count(concurrency, "concurrency")
     # Built first: PDPair checks the pair (models, PP sizes, decode-side rule) before any process starts.
     pair = PDPair(producer, consumer, connector=connector, start_timeout=timeout, log_dir=log_dir, env=env,
                   kv_extra_config={**DEFAULT_KV_EXTRA_CONFIG, **(kv_extra_config or {})})
+    router, router_reason = choose_router(router, pair.connector, producer.pp)
     t_ref = None
     if reference is None:
         t0 = time.monotonic()
@@ -67,9 +76,16 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     t0 = time.monotonic()
     with pair:
         t_start = round(time.monotonic() - t0, 2)
-        t1 = time.monotonic()
-        recs, totals = pair.complete_many(prompts, max_tokens=max_tokens, stream=stream, concurrency=concurrency)
-        t_run = round(time.monotonic() - t1, 2)
+        router_info = None
+        with contextlib.ExitStack() as stack:
+            sender = pair
+            if router == "vllm-router":
+                sender = stack.enter_context(VllmRouter(pair))
+                router_info = {"version": router_version(), "start_s": sender.start_seconds,
+                               "command": sender.command_line, "log": str(sender.log_path)}
+            t1 = time.monotonic()
+            recs, totals = sender.complete_many(prompts, max_tokens=max_tokens, stream=stream, concurrency=concurrency)
+            t_run = round(time.monotonic() - t1, 2)
         desc = pair.describe()
         kv_log = pair.log_lines("producer", r"KV Transfer metrics", 5) + pair.log_lines("consumer", r"KV Transfer metrics", 5)
         warm = pair.warmup_record.to_dict() if pair.warmup_record else None
@@ -89,7 +105,8 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
         "consumer_received_all_prompt_tokens": totals["consumer_external_tokens"] == prompt_total,
         "kv_bytes_equal_expected": totals["kv_bytes_transferred"] == expected["bytes"],
     }
-    first_tokens_agree = all(r.producer_token_ids[:1] == r.token_ids[:1] for r in ok)
+    # The producer's answer is seen by the kit's router only.
+    first_tokens_agree = all(r.producer_token_ids[:1] == r.token_ids[:1] for r in ok) if router == "kit" else None
     return {
         "acceptance_vs_colocated": (acceptance_vs_colocated(totals["consumer_spec"], coloc.spec.to_dict(),
                                                             len(ok), coloc.token_ids == reference.token_ids)
@@ -98,6 +115,9 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
         "first_divergence": div,
         "handoff_ok": all(handoff.values()),
         "handoff_checks": handoff,
+        "router": router,
+        "router_reason": router_reason,
+        "vllm_router": router_info,
         "connector": pair.connector,
         "connector_class": desc["connector_class"],
         "connector_reason": pair.connector_reason,

@@ -20,12 +20,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
 from ..engine import DEFAULT_START_TIMEOUT, EngineError, Server, free_port
 from ..metrics import Counters, block_size_from_metrics
 from ..models import cache_dir
-from ..procs import fatal_log_lines
+from ..procs import Abandoned, call_watched, fatal_log_lines
 from ..topology import Topology, omp_threads_bind
 from ..validate import check_count, check_prompts, check_seconds
 from .client import PDError, get, model_id, post_json, stream_completion
@@ -327,31 +327,20 @@ class PDPair:
     def _watched(self, what: str, fn, *args):
         """Run an HTTP call while watching both servers: a dead server ends the wait at once (within ~1 s)
         with its root cause, instead of leaving the caller until the request timeout."""
-        box: dict[str, Any] = {}
+        def deaths() -> str | None:
+            dead = self.dead_servers()
+            return _deaths(dead) if dead else None
 
-        def target():
-            try:
-                box["value"] = fn(*args)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = e
-
-        th = threading.Thread(target=target, daemon=True, name=f"pd-{what}")
-        th.start()
-        while th.is_alive():
-            th.join(1.0)
-            if th.is_alive():
-                dead = self.dead_servers()
-                if dead:
-                    raise PDError(f"{what} abandoned: {_deaths(dead)}")
-        if "error" in box:
+        try:
+            return call_watched(lambda: fn(*args), deaths, name=f"pd-{what}")
+        except Abandoned as e:
+            raise PDError(f"{what} abandoned: {e}") from None
+        except Exception as e:
             # The call failed: if a server is gone, that is the root cause (a consumer whose producer died after
             # the prefill answers a plain HTTP 500), so name it.
-            dead = self.dead_servers()
-            if dead:
-                raise PDError(f"{what} failed ({type(box['error']).__name__}: {box['error']}): "
-                              f"{_deaths(dead)}") from box["error"]
-            raise box["error"]
-        return box["value"]
+            if dead := deaths():
+                raise PDError(f"{what} failed ({type(e).__name__}: {e}): {dead}") from e
+            raise
 
     # -- the router ------------------------------------------------------------------------------
     def complete(self, prompt: str, max_tokens: int = 32, stream: bool = False, index: int = 0,
@@ -405,20 +394,18 @@ class PDPair:
             t2 = time.monotonic()
             rec.consumer_s = round(t2 - t1, 4)
             rec.total_s = round(t2 - t0, 4)
-            if metrics:
-                rec.consumer_ttft_server_ms = metrics.get("time_to_first_token_ms")
-                rec.consumer_spec = metrics.get("speculative_decoding")
-            if rec.prompt_tokens is None and rec.prompt_token_ids is not None:
-                rec.prompt_tokens = len(rec.prompt_token_ids)
-            if len(rec.token_ids) != max_tokens:
-                raise PDError(f"consumer returned {len(rec.token_ids)} token ids, expected {max_tokens}")
+            finish_record(rec, metrics, max_tokens, "consumer")
         except Exception as e:  # noqa: BLE001 - one request's failure is data, not a crash
-            rec.error = f"{type(e).__name__}: {e}"
-            hints = self.handoff_diagnosis(rid)
-            if hints:
-                rec.error += "\n  what the servers logged about this request's KV:\n    " + "\n    ".join(hints)
-            rec.total_s = round(time.monotonic() - t0, 4)
+            self.record_failure(rec, e, t0)
         return rec
+
+    def record_failure(self, rec: PDRequest, e: Exception, t0: float) -> None:
+        """A failed request's record: the error, what the servers logged about its KV handoff, the time taken."""
+        rec.error = f"{type(e).__name__}: {e}"
+        hints = self.handoff_diagnosis(rec.request_id)
+        if hints:
+            rec.error += "\n  what the servers logged about this request's KV:\n    " + "\n    ".join(hints)
+        rec.total_s = round(time.monotonic() - t0, 4)
 
     def handoff_diagnosis(self, request_id: str, limit: int = 6) -> list[str]:
         """Log lines of either server about this request's KV handoff going wrong (lease expiry, failed or
@@ -431,29 +418,32 @@ class PDPair:
         return out[:limit]
 
     def complete_many(self, prompts: list[str], max_tokens: int = 32, stream: bool = False,
-                      concurrency: int = 1) -> tuple[list[PDRequest], dict]:
+                      concurrency: int = 1, route: Callable[..., PDRequest] | None = None
+                      ) -> tuple[list[PDRequest], dict]:
         """All prompts through the pair; returns records (prompt order) and the transfer totals.
 
         ``concurrency=1``: one at a time, each with its own counter differences. ``>1``: that many threads
-        at once; counters are then totals over the batch.
+        at once; counters are then totals over the batch. ``route``: what sends one prompt
+        (``route(prompt, max_tokens, stream, index)``), :meth:`complete` unless given (e.g.
+        :meth:`kit.pd.vllm_router.VllmRouter.complete`).
         """
+        route = route or self.complete
         prompts = check_prompts(prompts)
         check_count(concurrency, "concurrency")
         before = self.counters()
-        bs = self.block_size or 0
         recs: list[PDRequest]
         if concurrency <= 1:
             recs = []
             for i, p in enumerate(prompts):
                 b = self.counters()
-                r = self.complete(p, max_tokens=max_tokens, stream=stream, index=i)
+                r = route(p, max_tokens=max_tokens, stream=stream, index=i)
                 if r.error is None:
                     a = self.settle(b, 1, r.prompt_tokens or 0)
                     _fill_transfer(r, a, b)
                 recs.append(r)
         else:
             with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pd-req") as ex:
-                futs = [ex.submit(self.complete, p, max_tokens, stream, i) for i, p in enumerate(prompts)]
+                futs = [ex.submit(route, p, max_tokens, stream, i) for i, p in enumerate(prompts)]
                 recs = [f.result() for f in futs]
         ok = [r for r in recs if r.error is None]
         after = self.settle(before, len(ok), sum(r.prompt_tokens or 0 for r in ok))
@@ -482,6 +472,18 @@ class PDPair:
             return []
         rx = re.compile(pattern)
         return [l for l in path.read_text(errors="replace").splitlines() if rx.search(l)][-limit:]
+
+
+def finish_record(rec: PDRequest, metrics: dict | None, max_tokens: int, who: str) -> None:
+    """Fill what the consumer's answer carries (per-request metrics, the prompt length) and check the length:
+    ``who`` (the server or router that answered) must have returned ``max_tokens`` token ids."""
+    if metrics:
+        rec.consumer_ttft_server_ms = metrics.get("time_to_first_token_ms")
+        rec.consumer_spec = metrics.get("speculative_decoding")
+    if rec.prompt_tokens is None and rec.prompt_token_ids is not None:
+        rec.prompt_tokens = len(rec.prompt_token_ids)
+    if len(rec.token_ids) != max_tokens:
+        raise PDError(f"{who} returned {len(rec.token_ids)} token ids, expected {max_tokens}")
 
 
 def _fill_transfer(r: PDRequest, after: dict[str, Counters], before: dict[str, Counters]) -> None:
