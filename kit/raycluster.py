@@ -110,6 +110,8 @@ class LocalRayCluster:
 
     ``node_env(i)`` returns extra environment for node ``i`` (Ray workers inherit their raylet's
     environment, and vLLM's RayExecutorV2 does not overwrite node-local variables with the driver's).
+    ``node_prefix(i)`` returns what node ``i``'s ``ray start`` runs under (e.g. ``taskset -c 1``: the whole node,
+    its Ray workers included, inherits the affinity).
     ``address`` (or ``RAY_ADDRESS`` when ``attach_env=True``) attaches to a running cluster instead.
     """
 
@@ -118,6 +120,7 @@ class LocalRayCluster:
     address: str | None = None
     attach_env: bool = True
     node_env: "callable | None" = None
+    node_prefix: "callable | None" = None  # i -> what node i's `ray start` runs under (``taskset -c 1``)
     object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES
     start_timeout: float = 240.0
     start_attempts: int = 3
@@ -224,7 +227,8 @@ class LocalRayCluster:
         extra = dict(self.node_env(i)) if self.node_env else {}
         env.update(extra)
         log_path = Path(self.temp_dir) / f"kit-node{i}-try{attempt}.log"
-        proc = ManagedProcess(cmd, env=env, log_path=log_path, name=f"ray node {i}")
+        prefix = list(self.node_prefix(i)) if self.node_prefix else []
+        proc = ManagedProcess(prefix + cmd, env=env, log_path=log_path, name=f"ray node {i}")
         self.nodes.append(RayNode(index=i, ip=node_ip(i), resource=resource, env=extra, proc=proc, log_path=log_path))
 
     def _check_alive(self) -> None:

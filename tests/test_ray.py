@@ -11,12 +11,15 @@ runs PP=2 + MTP k=2 over the two nodes, token-identical to the PP=1 reference; w
 visible. See docs/ray.md and docs/multinode.md.
 """
 import json
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray", reason="ray not installed (optional): pip install \"ray[default]==2.60.0\"")
 
 from kit import engine  # noqa: E402
+from kit.multinode import MultiNode  # noqa: E402
+from kit.patches import ENV_LOG  # noqa: E402
 from kit.raycluster import LocalRayCluster  # noqa: E402
 from kit.topology import Topology  # noqa: E402
 
@@ -37,22 +40,46 @@ def test_local_ray_cluster_two_nodes_and_clean_teardown(no_leftovers):
     assert c.leftovers() == []
 
 
+def _loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip in ("::1", "::ffff:127.0.0.1") or ip.startswith("::ffff:127.")
+
+
 def test_pp2_mtp2_on_ray_executor_two_nodes(tmp_path, no_leftovers):
+    """PP=2 + MTP k=2 through vLLM's Ray executor over the kit's two-node local Ray cluster, launched as
+    ``kit compare --nodes 2 --backend ray`` launches it (:class:`kit.multinode.MultiNode`): tokens equal the PP=1
+    reference; stage 0 on node 0 (127.0.0.2), stage 1 with the drafter and the MTP layer's KV on node 1, as the live
+    workers report it; the kit's patches in the Ray actors; no process of the run (server, engine core, GCS,
+    raylets, dashboard agents, runtime-env agents, Ray workers) listens beyond loopback; teardown leaves no process
+    of the cluster, no /dev/shm entry (``no_leftovers``) and no Ray temp dir."""
     log = tmp_path / "plugin.jsonl"
-    topo = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", backend="ray")
-    with LocalRayCluster(num_nodes=2, cpus_per_node=1, attach_env=False,
-                         node_env=lambda i: {"VLLM_CPU_OMP_THREADS_BIND": str(i)}) as c:
-        res = engine.run(topo, [{"kind": "generate", "prompts": PROMPTS, "max_tokens": 16},
-                                {"kind": "inspect"}],
-                         timeout=600, env={**c.env(), "KIT_PATCH_LOG": str(log)})
-    got = res["jobs"][0]["token_ids"]
-    placement = res["jobs"][1]
-    assert sorted(p["pp_rank"] for p in placement) == [0, 1]
+    topo = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", nodes=2, backend="ray")
+    with MultiNode(topo, env={ENV_LOG: str(log)}, log_dir=tmp_path, rpc_enabled=True) as mn:
+        got = mn.generate(PROMPTS, max_tokens=16)
+        ranks = mn.inspect()
+        socks = mn.listening()
+        names = {p.name() for _, p in mn.processes() if p.is_running()}
+        mn.check_patches()
+        cluster = mn.cluster
+    assert cluster.leftovers() == [] and not Path(cluster.temp_dir).exists()
+    # Every process kind of the run was looked at, and each listens somewhere.
+    listening_names = {s["name"] for s in socks}
+    for kind in ("gcs_server", "raylet"):
+        assert kind in names and kind in listening_names, (kind, sorted(names))
+    outside = [s for s in socks if not _loopback(s["ip"])]
+    assert not outside, f"listening beyond loopback: {outside}"
+
+    assert [(r["pp_rank"], r["node"], r["host_ip"]) for r in ranks] == [(0, 0, "127.0.0.2"), (1, 1, "127.0.0.3")]
+    assert ranks[0]["embedding"] and not (ranks[0]["drafter"] or {}).get("params")
+    assert ranks[1]["lm_head"] and (ranks[1]["drafter"] or {}).get("params")
+    n_layers = topo.info.num_layers
+    assert n_layers in [int(n.split(".")[2]) for n in ranks[1]["kv_cache"]["layers"]]
+    assert all(r["ray_node_id"] for r in ranks) and ranks[0]["ray_node_id"] != ranks[1]["ray_node_id"]
     recs = [json.loads(x) for x in log.read_text().splitlines()]
-    assert any("drafter_only_on_last_rank" in r["applied"] for r in recs)
+    workers = [r for r in recs if "worker" in r["processes"]]
+    assert len(workers) == 2 and all("drafter_only_on_last_rank" in r["applied"] for r in workers), workers
     assert any("cpu_ray_executor" in r["applied"] for r in recs)
     ref = engine.generate(topo.reference(), PROMPTS, max_tokens=16)
-    assert got == ref.token_ids
+    assert got.token_ids == ref.token_ids
 
 
 def test_ray_executor_without_the_patch_refuses_the_cpu_platform(no_leftovers):
