@@ -199,12 +199,14 @@ class MultiNode:
 
     def _start_leader(self, server: Server, timeout: float) -> None:
         """``server.start`` in this thread (the kit's children die with the thread that started them:
-        ``PR_SET_PDEATHSIG``), while a watcher thread ends it if a follower dies meanwhile."""
+        ``PR_SET_PDEATHSIG``), while a watcher thread ends it if another tree dies meanwhile (a follower, a Ray
+        node)."""
         stop, dead = threading.Event(), {}
+        others = [n for n in self.nodes if n.proc is not None]
 
         def watch() -> None:
             while not stop.wait(1.0):
-                dead.update({n.rank: d for n in self.nodes[1:] if (d := n.death())})
+                dead.update({n.rank: d for n in others if (d := n.death())})
                 if dead and server.proc is not None:
                     server.proc.terminate(grace=2.0)  # start() then fails at its next poll
                     return

@@ -43,7 +43,7 @@ kit.notebook.setup()
 
 # %%
 import pandas as pd
-from kit import engine, plots, steptrace
+from kit import plots, steptrace
 from kit.compare import load_prompts
 from kit.notebook import claim
 from kit.placement import summary_rows, traced_placement
