@@ -20,7 +20,7 @@ RANDOM_WEIGHTS = False   # the trained checkpoint: its drafts are accepted, so t
 SPEC = "mtp:2"
 PP_SIZES = [2, 4]
 TRACE_PP = 2             # the engine of this PP size (one of PP_SIZES) also generates, with every step traced
-NODES = 2                # the TRACE_PP engine runs on this many local nodes (1: one node), one PP stage or more each
+NODES = 2                # one more engine: TRACE_PP stages over this many local nodes, inspected (1: skip it)
 TRACE_PROMPTS = 2
 TRACE_TOKENS = 16
 PATCHES_FOR_FAILURE = "all,-drafter_only_on_last_rank"   # the run that shows what breaks
@@ -35,11 +35,6 @@ kit.notebook.setup()
 # One engine per PP size in `PP_SIZES`, each started, asked and stopped (on 2 cores about 35 s at PP=2 and
 # 55 s at PP=4). The `TRACE_PP` engine then also generates a few tokens with every step traced inside each worker
 # (`kit_trace_start` / `kit_trace_read`, see *One decode step with drafts, across the ranks* below), which adds a few seconds.
-#
-# With `NODES = 2` the `TRACE_PP` engine is a two-node deployment on this machine, through vLLM's own multi-node
-# launch (`kit.multinode`): node 0 on 127.0.0.2 and core 0 runs the API server, the engine core and the first
-# stage's worker; node 1 on 127.0.0.3 and core 1 is a headless follower with the other stage's worker. Its workers
-# are read the same way, through the leader (`/collective_rpc`), and each also reports where it runs.
 
 # %%
 import pandas as pd
@@ -51,22 +46,19 @@ from kit.topology import Topology
 from IPython.display import Markdown
 
 trace_prompts = load_prompts(limit=TRACE_PROMPTS)
-layouts, trace, traced, nodes = {}, None, None, []
+layouts, trace, traced = {}, None, None
 for pp in PP_SIZES:
-    topo = Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=pp, spec=SPEC)
-    if pp == TRACE_PP:
-        run = traced_placement(topo.with_(nodes=NODES), trace_prompts, max_tokens=TRACE_TOKENS)
-        traced, trace, nodes = run["generation"], steptrace.merge(run["trace"]), run["nodes"]
-    else:
-        run = traced_placement(topo)
+    run = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=pp, spec=SPEC),
+                           trace_prompts if pp == TRACE_PP else None, max_tokens=TRACE_TOKENS)
     layouts[pp] = run["ranks"]
+    if pp == TRACE_PP:
+        traced, trace = run["generation"], steptrace.merge(run["trace"])
     display(pd.DataFrame(summary_rows(layouts[pp])).set_index("pp_rank"))
 
 # %%
 n_layers = Topology(model=MODEL, random_weights=True).info.num_layers
 for pp, ranks in layouts.items():
-    where = f", on {NODES} nodes" if pp == TRACE_PP and nodes else ""
-    plots.placement_lanes(ranks, n_layers, title=f"PP={pp}{where}: layers per rank, drafter on the last rank").show()
+    plots.placement_lanes(ranks, n_layers, title=f"PP={pp}: layers per rank, drafter on the last rank").show()
 
 # %% [markdown]
 # **What it shows:** the decoder layers are split into consecutive ranges; rank 0 alone embeds tokens, the
@@ -109,39 +101,49 @@ for pp, ranks in layouts.items():
 
 # %% [markdown]
 # ## Which node holds what
-# **Predict, then look:** in the two-node run (`NODES = 2`, the `TRACE_PP` engine), which node holds the embedding,
-# which the LM head, the MTP drafter and the MTP layer's KV?
+# With `NODES = 2` one more engine runs the `TRACE_PP` topology as a two-node deployment on this machine, through
+# vLLM's own multi-node launch (`kit.multinode`, about 45 s on 2 cores): node 0 on 127.0.0.2 and core 0 runs the
+# API server, the engine core and the first stage's worker; node 1 on 127.0.0.3 and core 1 is a headless follower
+# with the other stage's worker. Its workers are read the same way as above, through the leader (vLLM's
+# `/collective_rpc`), and each also reports where it runs: its `VLLM_HOST_IP`, its cores, and its process, found in
+# one node's process tree.
+#
+# **Predict, then look:** which node holds the embedding, which the LM head, the MTP drafter and the MTP layer's KV?
 #
 # <details><summary>Answer</summary>
 #
 # A node holds whole pipeline stages, so everything follows the stage: node 0 (127.0.0.2) runs stage 0, with the
 # embedding and the first layers' KV; node 1 (127.0.0.3) runs the last stage, with the LM head, the drafter and the
 # MTP layer's KV. Only hidden states (one tensor per step) cross from node 0 to node 1, and sampled tokens and drafts
-# go back to node 0's engine core. Each worker below says itself where it runs (its `VLLM_HOST_IP`, its cores and its
-# process, found in one node's process tree).
+# go back to node 0's engine core.
 # </details>
 
 # %%
-if nodes:
-    ranks = layouts[TRACE_PP]
+if NODES > 1:
+    run = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=TRACE_PP, spec=SPEC, nodes=NODES))
+    ranks, nodes = run["ranks"], run["nodes"]
     display(pd.DataFrame(nodes).set_index("rank"))
-    display(pd.DataFrame([{"pp_rank": r["pp_rank"], "node": r["node"], "address": r["host_ip"], "cores": r["cpu_affinity"],
-                           "layers": r["layers"], "embedding": r["embedding"], "lm_head": r["lm_head"],
-                           "drafter": (r["drafter"] or {}).get("model_class") if (r["drafter"] or {}).get("params") else "-",
-                           "kv_layers": [int(n.split(".")[2]) for n in r["kv_cache"]["layers"]]} for r in ranks]).set_index("pp_rank"))
+    display(pd.DataFrame(summary_rows(ranks)).set_index("pp_rank"))
+    plots.placement_lanes(ranks, n_layers, title=f"PP={TRACE_PP} on {NODES} nodes: each stage, with its layers, "
+                          "on its own node (as its worker reports)").show()
+
+# %%
+if NODES > 1:
     per_node = TRACE_PP // NODES
     ip = {n["rank"]: n["ip"] for n in nodes}
     cores = {n["rank"]: n["cores"] for n in nodes}
     claim(all(r["node"] == r["pp_rank"] // per_node and r["host_ip"] == ip[r["node"]] and r["cpu_affinity"] == cores[r["node"]]
               for r in ranks),
-          f"each of the {TRACE_PP} stages runs on its own node: stage 0 on node 0 ({ip[0]}), the last stage on node "
+          f"each of the {TRACE_PP} stages runs on its node: stage 0 on node 0 ({ip[0]}), the last stage on node "
           f"{NODES - 1} ({ip[NODES - 1]}), each worker on its node's address and cores",
           [(r["pp_rank"], r["node"], r["host_ip"], r["cpu_affinity"]) for r in ranks])
     last = ranks[-1]
     claim(bool((last["drafter"] or {}).get("params")) and last["lm_head"] and n_layers in
-          [int(n.split(".")[2]) for n in last["kv_cache"]["layers"]] and ranks[0]["embedding"] and ranks[0]["node"] == 0,
-          f"node {last['node']} ({last['host_ip']}) holds the last stage's LM head, the MTP drafter and the MTP layer's KV "
-          f"(layer {n_layers}); node 0 holds the embedding", [(r["node"], r["lm_head"], r["embedding"]) for r in ranks])
+          [int(n.split(".")[2]) for n in last["kv_cache"]["layers"]] and ranks[0]["embedding"] and ranks[0]["node"] == 0
+          and not any((r["drafter"] or {}).get("params") for r in ranks[:-1]),
+          f"node {last['node']} ({last['host_ip']}) holds the last stage's LM head, the MTP drafter (there only) and the "
+          f"MTP layer's KV (layer {n_layers}); node 0 holds the embedding",
+          [(r["node"], r["lm_head"], r["embedding"], r["kv_cache"]["layers"]) for r in ranks])
 
 # %% [markdown]
 # ## The failure without the kit's drafter guard
