@@ -73,6 +73,11 @@ CASES: list[Case] = [
     cli("--spec eagle3 without a draft model", f"{C} --spec eagle3:2", "eagle3 needs a draft model"),
     cli("--max-num-seqs 0", f"{C} --max-num-seqs 0", "max_num_seqs must be >= 1"),
     cli("--max-model-len below 16", f"{C} --max-model-len 8", "max_model_len=8 outside"),
+    # kit compare: nodes and backend
+    cli("--nodes not dividing --pp", f"{C} --pp 2 --nodes 3", "nodes=3 must divide pp=2"),
+    cli("--backend unknown", f"{C} --pp 2 --nodes 2 --backend slurm", "backend must be one of"),
+    cli("--backend ray on one node", f"{C} --pp 2 --spec mtp:2 --backend ray", "needs nodes >= 2"),
+    cli("--backend ray with nodes != pp", f"{C} --pp 4 --nodes 2 --backend ray", "nodes must equal pp*tp (4)"),
     # kit compare: the run
     cli("--max-tokens 0", f"{C} --max-tokens 0", "--max-tokens must be >= 1"),
     cli("--max-tokens negative", f"{C} --max-tokens -5", "--max-tokens must be >= 1"),

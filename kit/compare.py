@@ -85,8 +85,9 @@ def compare(topology: Topology, prompts: list[str], max_tokens: int = 32, timeou
             env: dict[str, str] | None = None, reference: GenerationResult | None = None) -> Comparison:
     """Run the reference (unless given) and ``topology`` on the same prompts, greedy; compare tokens.
 
-    A multi-node topology (``nodes > 1``) runs through :mod:`kit.multinode` (leader server + headless
-    followers); with a drafter, the same drafter at PP=1 on one node also runs, for its acceptance counters."""
+    A multi-node topology (``nodes > 1``) runs through :mod:`kit.multinode` (``backend="mp"``: leader server +
+    headless followers; ``"ray"``: the server's Ray executor over the kit's local Ray cluster); with a drafter, the
+    same drafter at PP=1 on one node also runs, for its acceptance counters."""
     if reference is None:
         reference = generate(topology.reference(), prompts, max_tokens=max_tokens, top2=True, timeout=timeout, env=env)
     if topology.nodes > 1:
@@ -135,9 +136,10 @@ def run(args: argparse.Namespace) -> int:
                     max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                     nodes=args.nodes, backend=args.backend, runner=args.runner)
     check_max_tokens(args.max_tokens, topo.model_len)
-    if topo.nodes > 1 and topo.backend != "mp":
-        raise TopologyError(f"kit compare --nodes {topo.nodes} runs --backend mp; --backend {topo.backend} does not "
-                            "start on vLLM 0.32's CPU build (docs/multinode.md)")
+    if topo.nodes > 1 or topo.backend != "mp":
+        from .multinode import check_backend
+
+        check_backend(topo)
     if topo.nodes > 1 and (args.temperature != 0 or args.distribution):
         raise TopologyError("--nodes > 1 compares greedy tokens only: drop --temperature / --distribution")
     prompts = read_prompts(args)

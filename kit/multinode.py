@@ -1,10 +1,13 @@
-"""A topology over several nodes through vLLM's multiprocessing multi-node launch, run on this machine.
+"""A topology over several nodes, run on this machine: vLLM's multiprocessing multi-node launch or its Ray executor.
 
 Each node is its own process tree under the kit's launcher (:class:`~kit.procs.ManagedProcess`, under
-:mod:`kit.guard`): node 0 is the leader, vLLM's OpenAI server with ``--nnodes N --node-rank 0``; every other
-node is a headless follower (``vllm serve --headless --node-rank R``) that starts only the workers of its
-pipeline stages. Local nodes bind their own loopback address (127.0.0.2, 127.0.0.3, ...) and run pinned to
-their own cores (``taskset``); :meth:`~kit.topology.Topology.node_plan` says what each node runs.
+:mod:`kit.guard`). ``backend="mp"``: node 0 is the leader, vLLM's OpenAI server with ``--nnodes N --node-rank 0``;
+every other node is a headless follower (``vllm serve --headless --node-rank R``) that starts only the workers of
+its pipeline stages. ``backend="ray"``: every node is a ``ray start`` tree of the kit's local Ray cluster
+(:class:`~kit.raycluster.LocalRayCluster`, head on node 0), and node 0 also runs the server, whose engine core
+drives vLLM's Ray executor over the cluster (its workers are Ray actors in the nodes' trees). Local nodes bind
+their own loopback address (127.0.0.2, 127.0.0.3, ...) and run pinned to their own cores (``taskset``);
+:meth:`~kit.topology.Topology.node_plan` says what each node runs.
 
 The leader's tokens and speculative-decoding counters come from its HTTP API (``/v1/completions`` with
 ``return_token_ids``, ``/metrics``); while a request runs every node's tree is watched, so a node that dies
@@ -37,9 +40,39 @@ class NodeError(EngineError):
     """A node of a multi-node run failed or died; the message names the node (rank and address)."""
 
 
+WORKER_EXTENSION = "kit.workerext.KitWorkerExtension"
+
+
+def check_backend(topology: Topology) -> None:
+    """Refuse (:class:`TopologyError`, before any process starts) a multi-node topology this module cannot run
+    here: fewer than 2 nodes; ``backend="ray"`` without Ray installed, or with other than one PP stage per node
+    (the only layout run here: one one-CPU Ray node per stage)."""
+    t = topology
+    if t.nodes < 2:
+        what = "backend ray (the kit's local Ray cluster)" if t.backend == "ray" else "a multi-node run"
+        raise TopologyError(f"{what} needs nodes >= 2, got {t.nodes}")
+    if t.backend != "ray":
+        return
+    if t.nodes != t.pp * t.tp:
+        raise TopologyError(f"backend ray runs one pipeline stage per local Ray node: nodes must equal pp*tp "
+                            f"({t.pp * t.tp}), got nodes={t.nodes}")
+    import importlib.util
+
+    from .raycluster import RayClusterError, _ray_cli
+
+    try:
+        if importlib.util.find_spec("ray") is None:
+            raise RayClusterError("Ray is not installed")
+        _ray_cli()
+    except RayClusterError as e:
+        raise TopologyError(f"backend ray needs Ray, which is not usable here ({e}): "
+                            'pip install "ray[default]==2.60.0", or use --backend mp') from None
+
+
 @dataclass
 class Node:
-    """One running node: its rank, address, cores and process tree (the leader's is its server's)."""
+    """One running node: its rank, address, cores and process trees (the leader's server; a follower's
+    ``vllm serve --headless`` or a Ray node's ``ray start``; with Ray, node 0 has both)."""
 
     rank: int
     ip: str
@@ -53,42 +86,41 @@ class Node:
     def name(self) -> str:
         return f"node {self.rank} ({self.ip}, {self.role})"
 
-    def managed(self) -> ManagedProcess | None:
-        return self.server.proc if self.server is not None else self.proc
+    def managed(self) -> list[ManagedProcess]:
+        return [m for m in (self.server.proc if self.server is not None else None, self.proc) if m is not None]
 
     def tree(self) -> list[psutil.Process]:
-        m = self.managed()
-        return m.tree() if m is not None else []
+        return [p for m in self.managed() for p in m.tree()]
 
     def death(self) -> str | None:
-        """What died in this node's tree (its root, or a vLLM child seen before), with the root cause; None if alive."""
-        m = self.managed()
-        if m is None:
-            return None
-        dead = None if m.alive() else f"exited with code {m.popen.returncode}"
-        dead = dead or (f"a vLLM process died: {c}" if (c := m.check_children()) else None)
-        return str(m.fail(dead)).replace(m.name, self.name, 1) if dead else None
+        """What died in this node's trees (a root, or a vLLM child seen before), with the root cause; None if alive."""
+        for m in self.managed():
+            dead = None if m.alive() else f"exited with code {m.popen.returncode}"
+            dead = dead or (f"a vLLM process died: {c}" if (c := m.check_children()) else None)
+            if dead:
+                return str(m.fail(dead)).replace(m.name, self.name, 1)
+        return None
 
 
 @dataclass
 class MultiNode:
-    """A multi-node topology's nodes on this machine, as a context manager (``backend="mp"`` only)."""
+    """A multi-node topology's nodes on this machine, as a context manager.
+
+    ``rpc=True``: the workers get the kit's worker extension and the leader serves vLLM's ``/collective_rpc``
+    (its development endpoints, ``VLLM_SERVER_DEV_MODE=1``, on the leader's loopback address), so :meth:`rpc`
+    and :meth:`inspect` read the live workers of every node."""
 
     topology: Topology
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
     quiet: bool | None = None
+    rpc_enabled: bool = False
     nodes: list[Node] = field(default_factory=list)
     master_port: int = 0
+    cluster: Any = None  # backend="ray": the kit.raycluster.LocalRayCluster of the nodes
 
     def __post_init__(self) -> None:
-        t = self.topology
-        if t.nodes < 2:
-            raise TopologyError(f"a multi-node run needs nodes >= 2, got {t.nodes}")
-        if t.backend != "mp":
-            raise TopologyError("kit.multinode runs backend='mp' (vLLM's multiprocessing multi-node launch); "
-                                "backend='ray' needs a Ray cluster (kit.raycluster) and does not start on vLLM "
-                                "0.32's CPU build: see docs/multinode.md")
+        check_backend(self.topology)
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="kit-nodes-", dir=cache_dir()))
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -117,33 +149,63 @@ class MultiNode:
         t.draft_path()
         self.master_port = free_port()
         plan = [c for c in t.node_plan(port=0, master_port=self.master_port)]
+        ext = ["--worker-extension-cls", WORKER_EXTENSION] if self.rpc_enabled else []
+        lead_env = {"VLLM_SERVER_DEV_MODE": "1"} if self.rpc_enabled else {}
         try:
-            for c in plan[1:]:  # followers: `vllm serve --headless`, workers of their stages only
-                node = Node(c.rank, c.ip, c.cores, c.role, log_path=self.log_dir / f"node{c.rank}.log")
-                cmd = _pin(c.cores) + python_cmd("kit.multinode", *c.argv[1:])
-                node.proc = ManagedProcess(cmd, env={**t.env(), **env, **c.env}, log_path=node.log_path,
-                                           name=node.name)
-                self.nodes.append(node)
-            lead = plan[0]
-            node = Node(0, lead.ip, lead.cores, lead.role, log_path=self.log_dir / "node0.log")
-            node.server = Server(t, env={**env, **lead.env}, log_path=node.log_path, name=f"node 0 ({lead.ip})",
-                                 quiet=self.quiet, host=lead.ip, prefix=_pin(lead.cores),
-                                 extra_args=t.node_flags(0, lead.ip, self.master_port))
-            self.nodes.insert(0, node)
+            if t.backend == "ray":  # a Ray node per plan entry, then the server on node 0 (the plan's last entry)
+                lead, extra = plan[-1], ext
+                lead_env.update(self._start_ray_nodes(plan[:-1]))
+                node = self.nodes[0]
+                node.role = f"{node.role}, {lead.role}"
+            else:  # followers: `vllm serve --headless`, workers of their stages only
+                lead, extra = plan[0], ext + t.node_flags(0, plan[0].ip, self.master_port)
+                for c in plan[1:]:
+                    node = Node(c.rank, c.ip, c.cores, c.role, log_path=self.log_dir / f"node{c.rank}.log")
+                    cmd = _pin(c.cores) + python_cmd("kit.multinode", *c.argv[1:], *ext)
+                    node.proc = ManagedProcess(cmd, env={**t.env(), **env, **c.env}, log_path=node.log_path,
+                                               name=node.name)
+                    self.nodes.append(node)
+                node = Node(0, lead.ip, lead.cores, lead.role)
+                self.nodes.insert(0, node)
+            node.log_path = self.log_dir / "node0.log"
+            node.server = Server(t, env={**env, **lead.env, **lead_env}, log_path=node.log_path,
+                                 name=f"node 0 ({lead.ip})", quiet=self.quiet, host=lead.ip, prefix=_pin(lead.cores),
+                                 extra_args=extra)
             self._start_leader(node.server, timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _start_ray_nodes(self, plan: list) -> dict[str, str]:
+        """``backend="ray"``: the kit's local Ray cluster, node ``i`` with plan entry ``i``'s address, cores and
+        environment (Ray workers inherit their raylet's, so each node's vLLM worker gets its own
+        ``VLLM_HOST_IP`` and ``VLLM_CPU_OMP_THREADS_BIND``). Returns the server's environment for the cluster."""
+        from .raycluster import LocalRayCluster, RayClusterError
+
+        t = self.topology
+        self.cluster = LocalRayCluster(num_nodes=t.nodes, cpus_per_node=t.pp * t.tp // t.nodes, attach_env=False,
+                                       node_env=lambda i: {**t.runner_env(), **self.env, **plan[i].env},
+                                       node_prefix=lambda i: _pin(plan[i].cores), keep_logs=False)
+        try:
+            self.cluster.start()
+        except RayClusterError as e:
+            raise NodeError(f"the local Ray cluster did not start: {e}") from None
+        finally:
+            for rn, c in zip(self.cluster.nodes, plan):
+                self.nodes.append(Node(c.rank, c.ip, c.cores, c.role, proc=rn.proc, log_path=rn.log_path))
+        return self.cluster.env()
+
     def _start_leader(self, server: Server, timeout: float) -> None:
         """``server.start`` in this thread (the kit's children die with the thread that started them:
-        ``PR_SET_PDEATHSIG``), while a watcher thread ends it if a follower dies meanwhile."""
+        ``PR_SET_PDEATHSIG``), while a watcher thread ends it if another tree dies meanwhile (a follower, a Ray
+        node)."""
         stop, dead = threading.Event(), {}
+        others = [n for n in self.nodes if n.proc is not None]
 
         def watch() -> None:
             while not stop.wait(1.0):
-                dead.update({n.rank: d for n in self.nodes[1:] if (d := n.death())})
+                dead.update({n.rank: d for n in others if (d := n.death())})
                 if dead and server.proc is not None:
                     server.proc.terminate(grace=2.0)  # start() then fails at its next poll
                     return
@@ -161,12 +223,29 @@ class MultiNode:
             th.join()
 
     def stop(self) -> None:
-        """End every node's tree (followers first, then the leader)."""
+        """End every node's tree: with Ray the server first (its engine core ends the Ray actors), then the
+        cluster (every node's Ray processes, the /dev/shm its workers left, its temp dir); else the followers,
+        then the leader."""
+        if self.cluster is not None:
+            for node in self.nodes:
+                if node.server is not None:
+                    node.server.stop()
+            self._keep_ray_logs()
+            self.cluster.stop()
+            return
         for node in reversed(self.nodes):
             if node.server is not None:
                 node.server.stop()
             elif node.proc is not None:
                 node.proc.terminate()
+
+    def _keep_ray_logs(self) -> None:
+        """The ``ray start`` logs of every node into :attr:`log_dir` (the cluster's temp dir is removed)."""
+        import shutil
+
+        for n in self.cluster.nodes:
+            if n.log_path is not None and n.log_path.exists():
+                shutil.copy(n.log_path, self.log_dir / n.log_path.name)
 
     # -- watching ---------------------------------------------------------------------------------
     def dead_nodes(self) -> dict[int, str]:
@@ -189,18 +268,27 @@ class MultiNode:
                 raise NodeError(f"{what} abandoned: {dead}") from None
             raise
 
+    def processes(self) -> list[tuple[int | None, psutil.Process]]:
+        """``(node rank, process)`` for every live process of the run: each node's trees and, with Ray, every
+        process of the cluster (found by its temp dir too; ``None`` for one outside every node's tree)."""
+        found = {p.pid: (n.rank, p) for n in self.nodes for p in n.tree()}
+        for p in self.cluster._ours() if self.cluster is not None else []:
+            found.setdefault(p.pid, (None, p))
+        return list(found.values())
+
     def listening(self) -> list[dict]:
-        """Every listening TCP socket of every node's tree: ``{"node", "pid", "ip", "port"}``."""
+        """Every listening TCP socket of every process of the run (:meth:`processes`):
+        ``{"node", "pid", "name", "ip", "port"}``."""
         out = []
-        for n in self.nodes:
-            for p in n.tree():
-                try:
-                    conns = p.net_connections(kind="inet")
-                except psutil.Error:
-                    continue
-                for c in conns:
-                    if c.status == psutil.CONN_LISTEN:
-                        out.append({"node": n.rank, "pid": p.pid, "ip": c.laddr.ip, "port": c.laddr.port})
+        for rank, p in self.processes():
+            try:
+                conns = p.net_connections(kind="inet")
+                name = p.name()
+            except psutil.Error:
+                continue
+            for c in conns:
+                if c.status == psutil.CONN_LISTEN:
+                    out.append({"node": rank, "pid": p.pid, "name": name, "ip": c.laddr.ip, "port": c.laddr.port})
         return out
 
     # -- requests ---------------------------------------------------------------------------------
@@ -208,6 +296,29 @@ class MultiNode:
         r = client().get(self.leader.url + path, timeout=30)
         r.raise_for_status()
         return r.text
+
+    def rpc(self, method: str, timeout: float = 300.0) -> list:
+        """``collective_rpc(method)`` on every worker of every node (one result per rank, in rank order), through
+        the leader's ``/collective_rpc``; needs ``rpc_enabled=True``."""
+        if not self.rpc_enabled:
+            raise TopologyError("MultiNode.rpc needs MultiNode(..., rpc_enabled=True)")
+
+        def call() -> list:
+            r = client().post(self.leader.url + "/collective_rpc", json={"method": method}, timeout=timeout)
+            if r.status_code != 200:
+                raise NodeError(f"/collective_rpc {method} on node 0 answered HTTP {r.status_code}: {r.text[:600]}")
+            return r.json()["results"]
+
+        return self._watched(f"/collective_rpc {method}", call)
+
+    def inspect(self) -> list[dict]:
+        """What every rank holds (:meth:`kit.workerext.KitWorkerExtension.kit_placement`), read from the live
+        workers, each with the node it runs on (``node``: the rank of the node whose tree has its pid)."""
+        ranks = self.rpc("kit_placement")
+        where = {p.pid: n.rank for n in self.nodes for p in n.tree()}
+        for r in ranks:
+            r["node"] = where.get(r.get("pid"))
+        return sorted(ranks, key=lambda r: (r["pp_rank"], r["tp_rank"]))
 
     def counters(self) -> SpecCounters:
         return SpecCounters.from_samples(parse_prometheus(self._get("/metrics")))

@@ -1,7 +1,7 @@
 """Where things live in a running PP engine, read from the live workers (not recomputed on paper)."""
 from __future__ import annotations
 
-from .engine import run
+from .engine import GenerationResult, run
 from .topology import Topology
 
 
@@ -17,13 +17,49 @@ def placement(topology: Topology, env: dict[str, str] | None = None, timeout: fl
     return sorted(ranks, key=lambda r: (r["pp_rank"], r["tp_rank"]))
 
 
+def traced_placement(topology: Topology, prompts: list[str] | None = None, max_tokens: int = 16,
+                     env: dict[str, str] | None = None, timeout: float = 600) -> dict:
+    """:func:`placement` and, with ``prompts``, a generation with every step traced inside each worker
+    (:mod:`kit.steptrace`), on one engine; a multi-node topology runs on its nodes (:class:`kit.multinode.MultiNode`,
+    the workers read through the leader's ``/collective_rpc``), and each rank then says which node it is on.
+
+    Returns ``{"ranks", "generation" (or None), "trace" (per-rank events, or None), "nodes"}``; ``nodes`` is one
+    dict per node (rank, address, cores, role), ``[]`` for a one-node topology.
+    """
+    out: dict = {"generation": None, "trace": None, "nodes": []}
+    if topology.nodes > 1:
+        from .multinode import MultiNode
+
+        with MultiNode(topology, env=dict(env or {}), rpc_enabled=True) as mn:
+            out["ranks"] = mn.inspect()
+            if prompts:
+                mn.rpc("kit_trace_start")
+                out["generation"] = mn.generate(prompts, max_tokens=max_tokens)
+                out["trace"] = mn.rpc("kit_trace_read")
+            out["nodes"] = [{"rank": n.rank, "ip": n.ip, "cores": n.cores, "role": n.role} for n in mn.nodes]
+        return out
+    jobs = [{"kind": "inspect"}]
+    if prompts:
+        jobs += [{"kind": "rpc", "method": "kit_trace_start"},
+                 {"kind": "generate", "prompts": prompts, "max_tokens": max_tokens},
+                 {"kind": "rpc", "method": "kit_trace_read"}]
+    res = run(topology, jobs, timeout=timeout, env=env)
+    out["ranks"] = sorted(res["jobs"][0], key=lambda r: (r["pp_rank"], r["tp_rank"]))
+    if prompts:
+        out["generation"] = GenerationResult.from_dict(res["jobs"][2])
+        out["trace"] = res["jobs"][3]
+    return out
+
+
 def summary_rows(ranks: list[dict]) -> list[dict]:
     """A flat table of :func:`placement` output, one row per rank."""
     rows = []
     for r in ranks:
         d = r.get("drafter") or {}
+        where = {"node": r["node"], "address": r.get("host_ip"), "cores": r.get("cpu_affinity")} if "node" in r else {}
         rows.append({
             "pp_rank": r["pp_rank"],
+            **where,
             "layers": f"{r['layer_range'][0]}..{r['layer_range'][1] - 1}" if r["layer_range"][0] is not None else "?",
             "params": r["params"],
             "param_MiB": round(r["param_bytes"] / 2**20, 2),

@@ -9,6 +9,8 @@ def placement_lanes(ranks: list[dict], num_layers: int, title: str = "What each 
     fig = go.Figure()
     for r in ranks:
         y = f"PP rank {r['pp_rank']}"
+        if r.get("node") is not None:  # a multi-node run: the node the worker runs on, as it reported itself
+            y += f"<br>node {r['node']} ({r.get('host_ip')}, core {','.join(map(str, r.get('cpu_affinity') or []))})"
         items = []
         if r["embedding"]:
             items.append(("embed", -1.4, 0.8, "#9ecae1"))
@@ -192,7 +194,7 @@ def kv_layers_per_rank(layouts: dict[int, list[dict]], num_layers: int,
     seen = set()
     for pp, ranks in layouts.items():
         for r in ranks:
-            y = f"PP={pp} rank {r['pp_rank']}"
+            y = f"PP={pp} rank {r['pp_rank']}" + (f" (node {r['node']})" if r.get("node") is not None else "")
             for name in r["kv_cache"].get("layers", []):
                 idx = int(name.split(".")[2])
                 kind = "MTP layer's KV" if idx >= num_layers else "target layer's KV"

@@ -50,6 +50,13 @@ SLOW_MACHINE_ENV = {
     "RAY_agent_register_timeout_ms": "180000",
     "RAY_worker_register_timeout_seconds": "180",
 }
+# Fewer listeners beyond loopback: without metrics collection the dashboard agent starts no Prometheus exporter
+# (with a node address other than 127.0.0.1 it binds every interface: ray/dashboard/modules/reporter/reporter_agent.py;
+# the raylet passes the agent --disable-metrics-collection). The kit reads vLLM's metrics from its own server.
+LOOPBACK_ENV = {"RAY_enable_metrics_collection": "0"}
+# The ports of Ray's core-worker gRPC servers (one in every Ray worker and driver): Ray's default range, given
+# explicitly so that a listener can be told apart as Ray's (tests/test_ray.py).
+WORKER_PORTS = (10002, 19999)
 # `import ray` imports jsonschema, and jsonschema imports `rfc3987_syntax` when it is installed (the Jupyter
 # stack pulls it in via jsonschema[format-nongpl]); that module builds ~35 Lark parsers at import. Measured
 # here: the dashboard agent's imports took 4.9 s CPU with it and 1.6 s without. With ``fast_imports`` the
@@ -110,6 +117,8 @@ class LocalRayCluster:
 
     ``node_env(i)`` returns extra environment for node ``i`` (Ray workers inherit their raylet's
     environment, and vLLM's RayExecutorV2 does not overwrite node-local variables with the driver's).
+    ``node_prefix(i)`` returns what node ``i``'s ``ray start`` runs under (e.g. ``taskset -c 1``: the whole node,
+    its Ray workers included, inherits the affinity).
     ``address`` (or ``RAY_ADDRESS`` when ``attach_env=True``) attaches to a running cluster instead.
     """
 
@@ -118,6 +127,7 @@ class LocalRayCluster:
     address: str | None = None
     attach_env: bool = True
     node_env: "callable | None" = None
+    node_prefix: "callable | None" = None  # i -> what node i's `ray start` runs under (``taskset -c 1``)
     object_store_bytes: int = DEFAULT_OBJECT_STORE_BYTES
     start_timeout: float = 240.0
     start_attempts: int = 3
@@ -208,14 +218,16 @@ class LocalRayCluster:
                "--runtime-env-agent-port", str(rt_env),
                "--metrics-export-port", str(metrics),
                "--node-manager-port", str(nm_port),
-               "--object-manager-port", str(om_port)]
+               "--object-manager-port", str(om_port),
+               "--min-worker-port", str(WORKER_PORTS[0]), "--max-worker-port", str(WORKER_PORTS[1])]
         if i == 0:
             # No dashboard UI and no autoscaler monitor: fewer processes to start on 2 cores.
             cmd += ["--head", "--port", str(gcs_port), "--include-dashboard", "false", "--no-monitor",
                     "--dashboard-port", str(dash), "--ray-client-server-port", str(client)]
         else:
             cmd += ["--address", f"{node_ip(0)}:{gcs_port}"]
-        env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1", **SLOW_MACHINE_ENV}
+        env = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": "", "PYTHONUNBUFFERED": "1", **SLOW_MACHINE_ENV,
+               **LOOPBACK_ENV}
         if self.fast_imports:
             shim = Path(self.temp_dir) / "pyshim"
             shim.mkdir(exist_ok=True)
@@ -224,7 +236,8 @@ class LocalRayCluster:
         extra = dict(self.node_env(i)) if self.node_env else {}
         env.update(extra)
         log_path = Path(self.temp_dir) / f"kit-node{i}-try{attempt}.log"
-        proc = ManagedProcess(cmd, env=env, log_path=log_path, name=f"ray node {i}")
+        prefix = list(self.node_prefix(i)) if self.node_prefix else []
+        proc = ManagedProcess(prefix + cmd, env=env, log_path=log_path, name=f"ray node {i}")
         self.nodes.append(RayNode(index=i, ip=node_ip(i), resource=resource, env=extra, proc=proc, log_path=log_path))
 
     def _check_alive(self) -> None:

@@ -105,6 +105,9 @@ class KitWorkerExtension:
             "drafter": drafter_info,
             "kv_cache": kv,
             "hostname": os.uname().nodename,
+            # The node this worker runs on: the address vLLM binds and advertises here, and the cores it runs on.
+            "host_ip": os.environ.get("VLLM_HOST_IP"),
+            "cpu_affinity": sorted(os.sched_getaffinity(0)),
             "ray_node_id": _ray_node_id(),
         }
 

@@ -20,6 +20,7 @@ RANDOM_WEIGHTS = False   # the trained checkpoint: its drafts are accepted, so t
 SPEC = "mtp:2"
 PP_SIZES = [2, 4]
 TRACE_PP = 2             # the engine of this PP size (one of PP_SIZES) also generates, with every step traced
+NODES = 2                # one more engine: TRACE_PP stages over this many local nodes, inspected (1: skip it)
 TRACE_PROMPTS = 2
 TRACE_TOKENS = 16
 PATCHES_FOR_FAILURE = "all,-drafter_only_on_last_rank"   # the run that shows what breaks
@@ -37,27 +38,21 @@ kit.notebook.setup()
 
 # %%
 import pandas as pd
-from kit import engine, plots, steptrace
+from kit import plots, steptrace
 from kit.compare import load_prompts
 from kit.notebook import claim
-from kit.placement import summary_rows
+from kit.placement import summary_rows, traced_placement
 from kit.topology import Topology
 from IPython.display import Markdown
 
 trace_prompts = load_prompts(limit=TRACE_PROMPTS)
 layouts, trace, traced = {}, None, None
 for pp in PP_SIZES:
-    topo = Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=pp, spec=SPEC)
-    jobs = [{"kind": "inspect"}]
+    run = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=pp, spec=SPEC),
+                           trace_prompts if pp == TRACE_PP else None, max_tokens=TRACE_TOKENS)
+    layouts[pp] = run["ranks"]
     if pp == TRACE_PP:
-        jobs += [{"kind": "rpc", "method": "kit_trace_start"},
-                 {"kind": "generate", "prompts": trace_prompts, "max_tokens": TRACE_TOKENS},
-                 {"kind": "rpc", "method": "kit_trace_read"}]
-    res = engine.run(topo, jobs)
-    layouts[pp] = sorted(res["jobs"][0], key=lambda r: (r["pp_rank"], r["tp_rank"]))
-    if pp == TRACE_PP:
-        traced = engine.GenerationResult.from_dict(res["jobs"][2])
-        trace = steptrace.merge(res["jobs"][3])
+        traced, trace = run["generation"], steptrace.merge(run["trace"])
     display(pd.DataFrame(summary_rows(layouts[pp])).set_index("pp_rank"))
 
 # %%
@@ -103,6 +98,52 @@ for pp, ranks in layouts.items():
         want = sorted(r["layers"]) + ([n_layers] if r["pp_rank"] == last else [])
         claim(got == want, f"PP={pp} rank {r['pp_rank']}: KV for layers {got}"
               + (f" (layer {n_layers}: the MTP layer)" if r["pp_rank"] == last else ""), f"expected {want}")
+
+# %% [markdown]
+# ## Which node holds what
+# With `NODES = 2` one more engine runs the `TRACE_PP` topology as a two-node deployment on this machine, through
+# vLLM's own multi-node launch (`kit.multinode`, about 45 s on 2 cores): node 0 on 127.0.0.2 and core 0 runs the
+# API server, the engine core and the first stage's worker; node 1 on 127.0.0.3 and core 1 is a headless follower
+# with the other stage's worker. Its workers are read the same way as above, through the leader (vLLM's
+# `/collective_rpc`), and each also reports where it runs: its `VLLM_HOST_IP`, its cores, and its process, found in
+# one node's process tree.
+#
+# **Predict, then look:** which node holds the embedding, which the LM head, the MTP drafter and the MTP layer's KV?
+#
+# <details><summary>Answer</summary>
+#
+# A node holds whole pipeline stages, so everything follows the stage: node 0 (127.0.0.2) runs stage 0, with the
+# embedding and the first layers' KV; node 1 (127.0.0.3) runs the last stage, with the LM head, the drafter and the
+# MTP layer's KV. Only hidden states (one tensor per step) cross from node 0 to node 1, and sampled tokens and drafts
+# go back to node 0's engine core.
+# </details>
+
+# %%
+if NODES > 1:
+    run = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=TRACE_PP, spec=SPEC, nodes=NODES))
+    ranks, nodes = run["ranks"], run["nodes"]
+    display(pd.DataFrame(nodes).set_index("rank"))
+    display(pd.DataFrame(summary_rows(ranks)).set_index("pp_rank"))
+    plots.placement_lanes(ranks, n_layers, title=f"PP={TRACE_PP} on {NODES} nodes: each stage, with its layers, "
+                          "on its own node (as its worker reports)").show()
+
+# %%
+if NODES > 1:
+    per_node = TRACE_PP // NODES
+    ip = {n["rank"]: n["ip"] for n in nodes}
+    cores = {n["rank"]: n["cores"] for n in nodes}
+    claim(all(r["node"] == r["pp_rank"] // per_node and r["host_ip"] == ip[r["node"]] and r["cpu_affinity"] == cores[r["node"]]
+              for r in ranks),
+          f"each of the {TRACE_PP} stages runs on its node: stage 0 on node 0 ({ip[0]}), the last stage on node "
+          f"{NODES - 1} ({ip[NODES - 1]}), each worker on its node's address and cores",
+          [(r["pp_rank"], r["node"], r["host_ip"], r["cpu_affinity"]) for r in ranks])
+    last = ranks[-1]
+    claim(bool((last["drafter"] or {}).get("params")) and last["lm_head"] and n_layers in
+          [int(n.split(".")[2]) for n in last["kv_cache"]["layers"]] and ranks[0]["embedding"] and ranks[0]["node"] == 0
+          and not any((r["drafter"] or {}).get("params") for r in ranks[:-1]),
+          f"node {last['node']} ({last['host_ip']}) holds the last stage's LM head, the MTP drafter (there only) and the "
+          f"MTP layer's KV (layer {n_layers}); node 0 holds the embedding",
+          [(r["node"], r["lm_head"], r["embedding"], r["kv_cache"]["layers"]) for r in ranks])
 
 # %% [markdown]
 # ## The failure without the kit's drafter guard

@@ -84,7 +84,8 @@ def test_reference_is_one_node():
 @pytest.mark.parametrize("args, fragment", [
     (["--nodes", "3", "--pp", "2"], "nodes=3 must divide pp=2"),
     (["--nodes", "0"], "nodes must be an integer >= 1"),
-    (["--nodes", "2", "--pp", "2", "--backend", "ray"], "--backend ray does not start"),
+    (["--nodes", "2", "--pp", "4", "--backend", "ray"], "nodes must equal pp*tp (4), got nodes=2"),
+    (["--nodes", "1", "--pp", "2", "--backend", "ray"], "backend ray (the kit's local Ray cluster) needs nodes >= 2"),
     (["--nodes", "2", "--pp", "2", "--backend", "slurm"], "backend must be one of"),
     (["--nodes", "2", "--pp", "2", "--spec", "mtp:2", "--temperature", "0.7"], "greedy tokens only"),
 ])
@@ -95,6 +96,23 @@ def test_kit_compare_bad_nodes_exit_2_with_one_line(args, fragment):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and fragment in lines[0], r.stderr
     assert r.stdout == ""
+
+
+def test_kit_compare_backend_ray_without_ray_exit_2_with_one_line(monkeypatch, capsys):
+    """Ray not installed: one line naming what to install, exit 2, before any process starts."""
+    import importlib.util
+
+    from kit import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    monkeypatch.setattr(subprocess, "Popen", None)  # nothing may start
+    rc = cli.main(["compare", "--model", MODEL, "--random", "--pp", "2", "--spec", "mtp:2", "--nodes", "2",
+                   "--backend", "ray"])
+    err = capsys.readouterr()
+    assert rc == 2 and err.out == ""
+    lines = err.err.strip().splitlines()
+    assert len(lines) == 1 and "backend ray needs Ray" in lines[0] and "pip install" in lines[0], err.err
 
 
 _STORE_PROBE = """
@@ -115,12 +133,38 @@ print(json.dumps([c.laddr.ip for c in psutil.Process().net_connections("inet")
                   if c.status == psutil.CONN_LISTEN and c.laddr.port == port]))
 """
 
+# The Ray executor's rank-0 actor creates the store first (RayWorkerProc.create_dist_init_method); called here on a
+# bare instance, with Ray's node address stubbed to 127.0.0.2 (no Ray cluster: the store is what is checked).
+_RAY_STORE_PROBE = """
+import json, sys, types
+import psutil, ray.util
+from vllm.v1.executor import ray_executor_v2 as rx
+if sys.argv[1] == "on":
+    from kit.patches import ray_store_bind_host as m
+    assert m._needed() is True
+    m._apply()
+ray.util.get_node_ip_address = lambda: "127.0.0.2"
+w = rx.RayWorkerProc.__new__(rx.RayWorkerProc)
+w._parallel_config = types.SimpleNamespace(world_size=2)
+url = w.create_dist_init_method()
+port = int(url.rsplit(":", 1)[1])
+assert url.startswith("tcp://127.0.0.2:"), url
+print(json.dumps([c.laddr.ip for c in psutil.Process().net_connections("inet")
+                  if c.status == psutil.CONN_LISTEN and c.laddr.port == port]))
+"""
 
-def test_tcp_store_bind_host_off_and_on():
-    """The rank-0 rendezvous store of a multi-node run: on every interface without the patch, on the master
-    address with it (and clients still reach it)."""
+
+@pytest.mark.parametrize("probe", ["rendezvous", "ray"])
+def test_tcp_store_bind_host_off_and_on(probe):
+    """The rank-0 rendezvous store of a multi-node run (``tcp_store_bind_host``), and the one vLLM's Ray executor
+    creates in its rank-0 actor (``ray_store_bind_host``): on every interface without the patch, on the master
+    (Ray node) address with it."""
+    if probe == "ray":
+        pytest.importorskip("ray", reason="ray not installed (optional)")
+
     def listening(mode):
-        r = subprocess.run([sys.executable, "-c", _STORE_PROBE, mode], capture_output=True, text=True, cwd=ROOT,
+        code = _STORE_PROBE if probe == "rendezvous" else _RAY_STORE_PROBE
+        r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=ROOT,
                            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert r.returncode == 0, r.stderr[-2000:]
         return json.loads(r.stdout.strip().splitlines()[-1])

@@ -60,6 +60,7 @@ INDEX: tuple[str, ...] = (
     # multi-node runs (vLLM's --nnodes launch)
     "tcp_store_bind_host",
     "cpu_ray_executor",
+    "ray_store_bind_host",
     # correctness of PP + speculation (V1 runner, sync scheduling)
     "pp_spec_schedule_gate",
     "pp_spec_token_history",

@@ -47,8 +47,15 @@ HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray._private.ray_constan
 
 def worker_setup() -> None:
     """Ray's worker-process setup hook: the patch inside each Ray actor before its first method runs (the
-    kit's plugin loads there only later, in ``initialize_worker``, after the device-id query)."""
+    kit's plugin loads there only later, in ``initialize_worker``, after the device-id query and after the
+    rank-0 actor created its rendezvous store: ``ray_store_bind_host``, when selected, is applied here too)."""
+    from . import is_active
+
     _apply()
+    if is_active("ray_store_bind_host"):
+        from . import ray_store_bind_host
+
+        ray_store_bind_host._apply()
 
 
 def _apply() -> None:
