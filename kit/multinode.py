@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from .httpclient import client
-from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server, _check_patch_log, free_port, precheck
+from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server, _check_patch_log, free_port, port_is_free, precheck
 from .metrics import SpecCounters, parse_prometheus
 from .models import cache_dir
 from .patches import ENV_LOG
@@ -118,6 +118,9 @@ class MultiNode:
         t.draft_path()
         self.master_port = free_port()
         plan = [c for c in t.node_plan(port=0, master_port=self.master_port)]
+        if not port_is_free(self.master_port, plan[0].ip):  # taken since free_port() looked: the leader's
+            # rendezvous would fail to bind and the followers would wait on someone else's port
+            raise TopologyError(f"master port {self.master_port} on {plan[0].ip} is in use: try again")
         try:
             for c in plan[1:]:  # followers: `vllm serve --headless`, workers of their stages only
                 node = Node(c.rank, c.ip, c.cores, c.role, log_path=self.log_dir / f"node{c.rank}.log")

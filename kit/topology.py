@@ -11,6 +11,7 @@ vLLM 0.32 beyond the topology's own fields (today: hybrid Gated-DeltaNet models 
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -189,6 +190,14 @@ class Topology:
                 raise TopologyError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.extra_engine_args, dict):
             raise TopologyError(f"extra_engine_args must be a dict, got {type(self.extra_engine_args).__name__}")
+        known = engine_arg_names() if self.extra_engine_args else frozenset()
+        for key in self.extra_engine_args:
+            if known and key not in known:  # vLLM would refuse it only in the started process, with a traceback
+                import difflib
+
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                raise TopologyError(f"extra_engine_args: {key!r} is not a vLLM engine argument (a field of "
+                                    "vllm.engine.arg_utils.EngineArgs)" + (f"; did you mean {close[0]!r}?" if close else ""))
 
     def _validate_nodes(self) -> None:
         n = self.nodes
@@ -391,6 +400,8 @@ class Topology:
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = _fmt_num(self.kv_cache_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(self.pp * self.tp)
+        if self.nodes == 1:
+            env.update(LOOPBACK_ENV)  # a multi-node plan sets each node's own address over these
         env.update(self.runner_env())
         return env
 
@@ -423,6 +434,33 @@ class Topology:
         if self.runner != "auto":
             parts.append(f"runner-{self.runner}")
         return "/".join(parts)
+
+
+# Loopback only, for every process of a one-node topology. Without these, vLLM's workers bind the machine's
+# address: ``VLLM_HOST_IP`` is the address vLLM gives its distributed rendezvous and message queues (else the
+# address of the default route), gloo binds the interface its hostname resolves to (``GLOO_SOCKET_IFNAME``),
+# and NIXL's UCX transport listens on every device (``UCX_NET_DEVICES``; a PD pair's KV still moves, through
+# shared memory and loopback TCP).
+LOOPBACK_ENV = {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "UCX_NET_DEVICES": "lo"}
+
+
+@functools.lru_cache(maxsize=1)
+def engine_arg_names() -> frozenset[str]:
+    """The fields of vLLM's ``EngineArgs``, read from its source (importing vLLM takes 10 s); empty when
+    the source cannot be read, and then nothing is refused here."""
+    import ast
+    import importlib.util
+
+    try:  # find_spec of the top package imports nothing (of vllm.engine.arg_utils it would import vllm)
+        spec = importlib.util.find_spec("vllm")
+        tree = ast.parse((Path(spec.submodule_search_locations[0]) / "engine" / "arg_utils.py").read_text())
+    except (ImportError, AttributeError, TypeError, IndexError, OSError, SyntaxError, ValueError):
+        return frozenset()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
+            return frozenset(n.target.id for n in node.body
+                             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
+    return frozenset()
 
 
 class RunnerWarning(UserWarning):

@@ -173,3 +173,16 @@ def test_pp_spec_on_the_v2_runner_warns_that_the_v1_patches_do_not_apply():
     assert Topology(**cuda, pp=2, spec="mtp:2", runner="v1").runner_note() is None
     assert Topology(**cuda, pp=1, spec="mtp:2", runner="v2").runner_note() is None   # PP=1: no PP + spec path
     assert Topology(**cuda, pp=2, runner="v2").runner_note() is None                 # no speculation
+
+
+def test_every_process_of_a_one_node_topology_stays_on_loopback():
+    """vLLM's rendezvous and queues, gloo and NIXL's UCX bind loopback only (kit.topology.LOOPBACK_ENV); a
+    multi-node plan's per-node address wins over it."""
+    from kit.topology import LOOPBACK_ENV
+
+    env = Topology(model=MODEL, random_weights=True, pp=2).env()
+    assert {k: env[k] for k in LOOPBACK_ENV} == {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+                                                  "UCX_NET_DEVICES": "lo"}
+    two = Topology(model=MODEL, random_weights=True, pp=2, nodes=2)
+    assert "VLLM_HOST_IP" not in two.env()
+    assert [c.env["VLLM_HOST_IP"] for c in two.node_plan(8000, 29555)] == ["127.0.0.2", "127.0.0.3"]
