@@ -142,13 +142,16 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
         return out
     rng = np.random.default_rng(seed)  # a bad seed fails here, before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
-    # One writer at a time, across processes: two runs that both found no checkpoint would otherwise each write
-    # one, and the second's replace removes the directory the first one's engine is loading.
-    with open(out.with_name(out.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():  # written by another run while this one waited
-            return out
-        _write_random(info, manifest_bytes, rng, seed, out)
+    # One writer at a time, across processes (a lock on the folder of random checkpoints: no lock file to leave
+    # behind): two runs that both found no checkpoint would otherwise each write one, and the second's replace
+    # removes the directory the first one's engine is loading.
+    fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not done.exists():  # else written by another run while this one waited
+            _write_random(info, manifest_bytes, rng, seed, out)
+    finally:
+        os.close(fd)  # releases the lock
     return out
 
 
