@@ -86,8 +86,12 @@ def kill_when_generating(title: str, stop: threading.Event, since: float, killed
         time.sleep(0.3)
 
 
-def kill_tree(procs: list[psutil.Process]) -> None:
+def kill_tree(procs: list[psutil.Process], spare_guard: bool = False) -> None:
+    """SIGKILL every process given (with ``spare_guard``, all but the kit's guard, which then cleans up as it
+    does after any death in its tree)."""
     for p in procs:
+        if spare_guard and "kit.guard" in " ".join(_cmdline(p)):
+            continue
         try:
             p.send_signal(signal.SIGKILL)
         except psutil.Error:
@@ -160,7 +164,10 @@ class Caller:
     """A caller process (``kit ...`` or :func:`caller_main`) whose output lines are read with their times."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None):
+        # SIGINT back to its default in the child, so that Python installs its KeyboardInterrupt handler even
+        # when this process runs as a shell's background job (which starts it ignored).
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                                      env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "KIT_QUIET": "1",
                                           **(env or {})})
         self.lines: list[tuple[float, str]] = []
@@ -329,7 +336,7 @@ def _server_killed(role: str) -> Callable[[], dict]:
                 def later():
                     time.sleep(2.0)
                     killed.append(time.monotonic())
-                    kill_tree(pair.consumer.proc.tree())
+                    kill_tree(pair.consumer.proc.tree(), spare_guard=True)
 
                 threading.Thread(target=later, daemon=True).start()
                 rec = pair.complete(PROMPTS[1], max_tokens=1000, stream=True)
@@ -340,7 +347,7 @@ def _server_killed(role: str) -> Callable[[], dict]:
                     out = orig(what, fn, *args)
                     if what == "producer prefill":
                         killed.append(time.monotonic())
-                        kill_tree(pair.producer.proc.tree())
+                        kill_tree(pair.producer.proc.tree(), spare_guard=True)
                     return out
 
                 pair._watched = watched
@@ -428,6 +435,7 @@ def _disk_full() -> dict:
         c.snapshot = [psutil.Process(c.proc.pid), *c.tree()]
         out = c.outcome(sent, timeout=600)
         out["line"] = next((l for _, l in reversed(c.lines) if l.startswith("caller: error")), out["line"])
+        out["line"] += "".join(" / " + l.strip() for _, l in c.lines if "hint:" in l)
         out["seconds"] = next((round(t - sent, 2) for t, l in c.lines if l.startswith("caller: error")), None)
         return out
     finally:
@@ -452,7 +460,7 @@ def _disk_full_caller() -> int:
 
     threading.Thread(target=fill, daemon=True).start()
     try:
-        engine.generate(t, PROMPTS * 32, max_tokens=900, timeout=600, quiet=True)
+        engine.generate(t, PROMPTS * 8, max_tokens=400, timeout=600, quiet=True)
         print("caller: no error", flush=True)
         return 0
     except Exception as e:  # noqa: BLE001 - the line the kit gives is the measurement
@@ -494,9 +502,9 @@ ROWS: list[Row] = [
         _caller_row(signal.SIGKILL, "generating")),
     Row("sigkill-handoff", "caller SIGKILL", "PD handoff", "PDPair caller: SIGKILL between prefill answer and decode call",
         _pd_handoff_row(signal.SIGKILL)),
-    Row("producer-killed", "server killed: PD producer", "PD handoff", "SIGKILL to the producer's tree after its prefill",
+    Row("producer-killed", "server killed: PD producer", "PD handoff", "SIGKILL to the producer's vLLM processes (not the kit's guard) after its prefill answer",
         _server_killed("producer")),
-    Row("consumer-killed", "server killed: PD consumer", "generating", "SIGKILL to the consumer's tree 2 s into a stream",
+    Row("consumer-killed", "server killed: PD consumer", "generating", "SIGKILL to the consumer's vLLM processes (not the kit's guard) 2 s into a 1000-token stream",
         _server_killed("consumer")),
     Row("disk-full", "disk full", "generating", "cache folder on a 32 MiB tmpfs, filled 0 s into generation",
         _disk_full),
