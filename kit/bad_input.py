@@ -162,7 +162,7 @@ CASES: list[Case] = [
         "max_num_seqs must be an integer"),
     api("extra_engine_args: an unknown vLLM engine argument",
         'Topology("tiny-mimo", random_weights=True, extra_engine_args={"enable_prefix_cache": True})',
-        "'enable_prefix_cache' is not a vLLM engine argument"),
+        "'enable_prefix_cache' is not a vLLM engine or server argument"),
     api("Server: an empty API key", 'Server(T, api_key="")', "api_key must be a non-empty string"),
     api("a string as the prompts list", 'generate(T, "Hello")', "prompts must be a list of strings, got a str"),
     api("an empty prompts list", "generate(T, [])", "prompts is empty"),

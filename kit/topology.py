@@ -196,8 +196,9 @@ class Topology:
                 import difflib
 
                 close = difflib.get_close_matches(str(key), sorted(known), n=1)
-                raise TopologyError(f"extra_engine_args: {key!r} is not a vLLM engine argument (a field of "
-                                    "vllm.engine.arg_utils.EngineArgs)" + (f"; did you mean {close[0]!r}?" if close else ""))
+                raise TopologyError(f"extra_engine_args: {key!r} is not a vLLM engine or server argument (a field "
+                                    "of vLLM's EngineArgs or FrontendArgs)"
+                                    + (f"; did you mean {close[0]!r}?" if close else ""))
 
     def _validate_nodes(self) -> None:
         n = self.nodes
@@ -444,23 +445,33 @@ class Topology:
 LOOPBACK_ENV = {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "UCX_NET_DEVICES": "lo"}
 
 
+# Where vLLM declares what ``extra_engine_args`` may hold: the engine's arguments (``vllm.LLM`` and the server)
+# and the OpenAI server's own (``enable_per_request_metrics``, which kit.pd's servers get, is one).
+_ARG_CLASSES = {"engine/arg_utils.py": ("EngineArgs", "AsyncEngineArgs"),
+                "entrypoints/launchers/cli_args.py": ("BaseFrontendArgs", "FrontendArgs")}
+
+
 @functools.lru_cache(maxsize=1)
 def engine_arg_names() -> frozenset[str]:
-    """The fields of vLLM's ``EngineArgs``, read from its source (importing vLLM takes 10 s); empty when
-    the source cannot be read, and then nothing is refused here."""
+    """The fields of vLLM's ``EngineArgs``/``AsyncEngineArgs`` and of its OpenAI server's ``FrontendArgs``, read
+    from their source (importing vLLM takes 10 s); empty when a source cannot be read, and then nothing is
+    refused here."""
     import ast
     import importlib.util
 
+    names: set[str] = set()
     try:  # find_spec of the top package imports nothing (of vllm.engine.arg_utils it would import vllm)
-        spec = importlib.util.find_spec("vllm")
-        tree = ast.parse((Path(spec.submodule_search_locations[0]) / "engine" / "arg_utils.py").read_text())
+        root = Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+        for rel, classes in _ARG_CLASSES.items():
+            tree = ast.parse((root / rel).read_text())
+            found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in classes]
+            if not found:
+                return frozenset()
+            names.update(a.target.id for c in found for a in c.body
+                         if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name))
     except (ImportError, AttributeError, TypeError, IndexError, OSError, SyntaxError, ValueError):
         return frozenset()
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
-            return frozenset(n.target.id for n in node.body
-                             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name))
-    return frozenset()
+    return frozenset(names)
 
 
 class RunnerWarning(UserWarning):
