@@ -440,8 +440,9 @@ class Topology:
 # Loopback only, for every process of a one-node topology. Without these, vLLM's workers bind the machine's
 # address: ``VLLM_HOST_IP`` is the address vLLM gives its distributed rendezvous and message queues (else the
 # address of the default route), gloo binds the interface its hostname resolves to (``GLOO_SOCKET_IFNAME``),
-# and NIXL's UCX transport listens on every device (``UCX_NET_DEVICES``; a PD pair's KV still moves, through
-# shared memory and loopback TCP).
+# and NIXL's UCX transport may use every device (``UCX_NET_DEVICES``; a PD pair's KV still moves with ``lo``).
+# Seen without these in a PD pair (PP=2 producer): each PP worker listened on 5 TCP ports of the machine's address
+# (tests/test_pd.py::test_pd_tree_listens_on_loopback_only_and_wants_its_api_key).
 LOOPBACK_ENV = {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "UCX_NET_DEVICES": "lo"}
 
 

@@ -430,6 +430,7 @@ def test_pd_tree_listens_on_loopback_only_and_wants_its_api_key(no_leftovers):
         assert any("Worker_PP1" in t for t in seen["titles"]), seen["titles"]  # the workers were looked at
         assert seen["sockets"], "no listening socket found: the look saw nothing"
         outside = [s for s in seen["sockets"] if not is_loopback(s["ip"])]
+        print(f"{len(seen['titles'])} processes, {len(seen['sockets'])} listening sockets, outside loopback: {outside}")
         assert not outside, outside
         for srv in (pair.producer, pair.consumer):
             body = {"model": pair.model_name["producer"], "prompt": "x", "max_tokens": 1}
