@@ -122,9 +122,11 @@ def measure(row: Row) -> dict:
         res = row.run()
     except Exception as e:  # noqa: BLE001 - a row that breaks is recorded as such, not hidden
         res = {"seconds": None, "line": f"row failed: {type(e).__name__}: {_first_line(e)}", "outcome": "error"}
+    # This process's ancestors (the shell, flock) are never leftovers, whatever their command lines say.
+    mine = {p.pid for p in psutil.Process().parents()}
     deadline = time.monotonic() + 30
     while True:
-        procs = leftover_vllm_processes(since=t0, owner=os.getpid())
+        procs = leftover_vllm_processes(exclude=mine, since=t0, owner=os.getpid())
         procs += [f"{p.pid} {' '.join(p.cmdline())[:160]}" for p in res.pop("tree_procs", [])
                   if _alive(p) and not any(x.startswith(f"{p.pid} ") for x in procs)]
         files = leftover_temp_entries(before)
@@ -138,9 +140,12 @@ def measure(row: Row) -> dict:
         "row_seconds": round(time.monotonic() - start, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
     })
-    for entry in procs:  # the record has them; the next row starts clean
+    for entry in procs:  # the record has them; the next row starts clean (vLLM's and the kit's processes only)
         try:
-            psutil.Process(int(entry.split()[0])).kill()
+            p = psutil.Process(int(entry.split()[0]))
+            if p.pid not in mine and re.search(r"VLLM::|EngineCore|kit\.guard|kit\.runner|vllm\.entrypoints",
+                                               " ".join(p.cmdline())):
+                p.kill()
         except (psutil.Error, ValueError):
             pass
     for f in files:

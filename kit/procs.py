@@ -225,15 +225,15 @@ class ManagedProcess:
         current = {}
         for p in self.tree():
             try:
-                title = " ".join(p.cmdline()) or p.name()
+                title = " ".join(" ".join(p.cmdline()).split()) or p.name()  # vLLM pads its retitled names
                 if p.status() == psutil.STATUS_ZOMBIE:
                     continue
             except psutil.Error:
                 continue
             current[p.pid] = title
         for pid, title in current.items():
-            if VLLM_TITLES.search(title):
-                self._seen.setdefault(pid, title)
+            if VLLM_TITLES.search(title):  # the latest title: a worker is "VLLM::Worker" before "VLLM::Worker_PP1"
+                self._seen[pid] = title
         for p in self.tree():
             try:
                 title = _title(p)
