@@ -199,6 +199,16 @@ class PDPair:
                 while not all(ev.is_set() for ev in booted.values()):
                     for role, srv in servers.items():
                         proc = srv.proc
+                        if errors and role not in errors and role not in stopped_by_us and proc is not None \
+                                and not booted[role].is_set():
+                            # The other server failed before this one had a process to end (boot() could not
+                            # stop it then): end it now instead of letting it start for nothing.
+                            stopped_by_us.add(role)
+                            try:
+                                proc.terminate(grace=2.0)
+                            except Exception:  # noqa: BLE001 - it may be ending on its own
+                                pass
+                            continue
                         if booted[role].is_set() or proc is None or role in self.fatal:
                             continue
                         lines = fatal_log_lines(self.log_dir / f"{role}.log")
