@@ -582,6 +582,19 @@ def render(jsonl: Path = JSONL, doc: Path = DOC) -> str:
             "(`tests/test_multinode.py`, recorded in `docs/multinode.md`) | within the test's 30 s bound | "
             "`NodeError: /v1/completions abandoned: node 1 (127.0.0.3, headless follower): a vLLM process died: ...` "
             "| – | 0 (`no_leftovers`; the test passed in 114 s) |", ""]
+    out += ["Notes:", "",
+            "- SIGKILL rows: the caller dies at once and prints nothing; *gone* is the kit's guard ending the tree "
+            "(parent-death signal) and removing its `/dev/shm` entries and temp folder.",
+            "- PD handoff rows: the caller is a script on the Python API (`python -m kit.faults --caller pd-handoff`) "
+            "whose router pauses 5 s between the producer's answer and the consumer call (`pause_before_decode`); "
+            "`PDPair.complete` lets KeyboardInterrupt through and `PDPair.__exit__` ends both servers. The line is "
+            "the script's own: the Python API raises KeyboardInterrupt, it prints nothing itself.",
+            "- Port rows: the kit checks each port just before the process that binds it starts; a port taken after "
+            "that check fails vLLM's bind; for the NIXL side channel the pair's start-up watch counts \"Address "
+            "already in use\" in a server's log as a start-up failure. That path is not injected here.",
+            "- Earlier records of a row stay in `faults.jsonl`; the table shows each row's last. The side-channel "
+            "row's earlier record (38.93 s) is from before `PDPair` ended the other server when one failed before "
+            "it had a process.", ""]
     notes = [r for r in rows if r.get("leftover_processes") or r.get("leftover_shm") or r.get("leftover_temp")
              or r.get("outcome") in ("missed", "error", "failed")]
     if notes:
