@@ -592,8 +592,8 @@ def render(jsonl: Path = JSONL, doc: Path = DOC) -> str:
             "`PDPair.complete` lets KeyboardInterrupt through and `PDPair.__exit__` ends both servers. The line is "
             "the script's own: the Python API raises KeyboardInterrupt, it prints nothing itself.",
             "- Disk-full row: the caller (`python -m kit.faults --caller disk-full`, in its own mount namespace) "
-            "prints `caller: error:` before the kit's EngineError, and its hint line after ` / `. The workers "
-            "died once their log writes failed; the run's result could not have been written either.",
+            "prints `caller: error:` before the kit's EngineError, and its hint line after ` / `. Both PP workers "
+            "died within seconds of the disk filling up; why is not in their log, which could not be written.",
             "- Port rows: the kit checks each port just before the process that binds it starts; a port taken after "
             "that check fails vLLM's bind; for the NIXL side channel the pair's start-up watch counts \"Address "
             "already in use\" in a server's log as a start-up failure. That path is not injected here.",
