@@ -191,12 +191,13 @@ def test_pd_kv_transfer_timeout_is_reported_with_its_cause_and_the_pair_keeps_se
 
 def _stress_run(i: int) -> tuple[list[str], str]:
     """Run ``i`` of the stress test: even ``kit compare`` (PP=2 + MTP k=2), odd ``kit pd`` (PP=2 + MTP producer,
-    PP=1 consumer), as a user types them; returns the command and '' or its failure's cause."""
+    PP=1 + MTP consumer: vLLM's NIXL handshake wants the same drafter method on both sides), as a user types them;
+    returns the command and '' or its failure's cause."""
     common = ["--model", MODEL, "--random", "--limit", "2", "--max-tokens", "16", "--quiet"]
     if i % 2 == 0:
         argv = ["compare", "--pp", "2", "--spec", "mtp:2", *common]
     else:
-        argv = ["pd", "--producer-pp", "2", "--producer-spec", "mtp:2", "--consumer-pp", "1", *common]
+        argv = ["pd", "--producer-pp", "2", "--producer-spec", "mtp:2", "--consumer-pp", "1", "--consumer-spec", "mtp:2", *common]
     out = subprocess.run([sys.executable, "-m", "kit", *argv], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     if out.returncode == 0:
