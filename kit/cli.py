@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TopologyError, ModelError) as e:
         print(f"{args.prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the process trees were ended on the way out (kit.procs teardown): no traceback
+        print(f"{args.prog}: interrupted (Ctrl-C); the vLLM processes it started are ended", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from .httpclient import client
+from .httpclient import auth_headers, check_api_key, client
 from .metrics import SpecCounters
 from .models import cache_dir
 from .patches import ENV_LOG
@@ -285,9 +285,15 @@ class Server:
     def __init__(self, topology: Topology, port: int | None = None, env: dict[str, str] | None = None,
                  log_path: Path | None = None, name: str = "server", in_pair: bool = False,
                  quiet: bool | None = None, host: str = "127.0.0.1", extra_args: list[str] | None = None,
-                 prefix: list[str] | None = None):
+                 prefix: list[str] | None = None, api_key: str | None = None):
         """``host``: the loopback address to bind; ``extra_args``: flags after the topology's (a multi-node
-        leader's ``--nnodes ...``); ``prefix``: what the command runs under (``taskset -c 0``)."""
+        leader's ``--nnodes ...``); ``prefix``: what the command runs under (``taskset -c 0``); ``api_key``:
+        the server answers ``/v1/*`` only with it (HTTP 401 otherwise); passed in the environment, not on
+        the command line that ``ps`` shows."""
+        try:
+            self.api_key = check_api_key(api_key)
+        except ValueError as e:
+            raise TopologyError(str(e)) from None
         self.topology = topology
         self.host = host
         self.extra_args = list(extra_args or [])
@@ -304,16 +310,28 @@ class Server:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def auth_headers(self) -> dict[str, str]:
+        """What every ``/v1/*`` request to this server carries ({} without an API key)."""
+        return auth_headers(self.api_key)
+
     def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
         """Start and wait for ``/health``; one status line shows the phase meanwhile (:mod:`kit.progress`)."""
         check_seconds(timeout)
         env = dict(self.topology.env())
         env.update(self.env)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
         if not self.in_pair:  # a PDPair checks both of its topologies before starting either server
             precheck(self.topology, env)
         if not port_is_free(self.port, self.host):
             raise TopologyError(f"port {self.port} on {self.host} is in use: pick another (or leave port=None "
                                 "for a free one)")
+        side = env.get("VLLM_NIXL_SIDE_CHANNEL_PORT")
+        side_host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        if side and not port_is_free(int(side), side_host):
+            # vLLM's NIXL listener thread would fail to bind and its engine wait for it until the deadline.
+            raise TopologyError(f"NIXL side-channel port {side} on {side_host} is in use: pick another "
+                                "(or let kit.pd.PDPair pick a free one)")
         if self.log_path is None:
             self.log_path = Path(tempfile.mkdtemp(prefix="kit-srv-", dir=cache_dir())) / f"{self.name}.log"
         if ENV_LOG not in env:  # each vLLM process records its patches there (a fresh file per start)
@@ -372,6 +390,7 @@ class Server:
 
     def post(self, path: str, body: dict, headers: dict | None = None, timeout: float = 120.0) -> dict:
         """POST a JSON body and return the JSON answer (``httpx.HTTPStatusError`` on an HTTP error)."""
-        r = client().post(self.url + path, json=body, headers=headers or {}, timeout=timeout)
+        r = client().post(self.url + path, json=body, headers={**self.auth_headers(), **(headers or {})},
+                          timeout=timeout)
         r.raise_for_status()
         return r.json()

@@ -2,7 +2,9 @@
 
 Loopback only: proxies from the environment are ignored, and no connection is kept alive (each request gets a
 fresh one, so a restarted or dying server leaves none stale). :class:`kit.engine.Server` uses it for its health
-wait and :meth:`~kit.engine.Server.post`; :mod:`kit.pd.client` for the pair's requests and streams.
+wait and :meth:`~kit.engine.Server.post`; :mod:`kit.pd.client` for the pair's requests and streams. A server
+started with an API key (vLLM's ``VLLM_API_KEY``, which guards ``/v1/*``) gets it in every request from
+:func:`auth_headers`.
 """
 from __future__ import annotations
 
@@ -21,3 +23,17 @@ def client() -> httpx.Client:
         if _CLIENT is None:
             _CLIENT = httpx.Client(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
         return _CLIENT
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header a server started with ``api_key`` wants on ``/v1/*`` requests ({} without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def check_api_key(api_key: object) -> str | None:
+    """``api_key`` as given (None: no key), or ValueError: a key is a non-empty string without whitespace."""
+    if api_key is None:
+        return None
+    if not isinstance(api_key, str) or not api_key or any(c.isspace() for c in api_key):
+        raise ValueError(f"api_key must be a non-empty string without whitespace, got {type(api_key).__name__}")
+    return api_key

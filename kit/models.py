@@ -8,6 +8,7 @@ step a near-tie (``docs/findings.md#dummy-weights-are-near-ties``), so the kit n
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -130,7 +131,6 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     ``weights.json``. It is keyed by the manifest's hash and the seed, so it is reused.
     """
     import numpy as np
-    from safetensors.numpy import save_file
 
     manifest_path = info.path / "weights.json"
     if not manifest_path.exists():
@@ -142,6 +142,23 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     if done.exists():
         return out
     rng = np.random.default_rng(seed)  # a bad seed fails here, before anything is written
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One writer at a time, across processes (a lock on the folder of random checkpoints: no lock file to leave
+    # behind): two runs that both found no checkpoint would otherwise each write one, and the second's replace
+    # removes the directory the first one's engine is loading.
+    fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not done.exists():  # else written by another run while this one waited
+            _write_random(info, manifest_bytes, rng, seed, out)
+    finally:
+        os.close(fd)  # releases the lock
+    return out
+
+
+def _write_random(info: ModelInfo, manifest_bytes: bytes, rng, seed: int, out: Path) -> None:
+    from safetensors.numpy import save_file
+
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -156,9 +173,8 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     except BaseException:  # a full disk or Ctrl-C: no half-written .tmp directory stays behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)  # an incomplete one (no .complete), left by a run that died
     os.replace(tmp, out)
-    return out
 
 
 def weights_manifest_from_safetensors(path: Path) -> dict:

@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 
 from .httpclient import client
-from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server, _check_patch_log, free_port, precheck
+from .engine import DEFAULT_START_TIMEOUT, EngineError, GenerationResult, Server, _check_patch_log, free_port, port_is_free, precheck
 from .metrics import SpecCounters, parse_prometheus
 from .models import cache_dir
 from .patches import ENV_LOG
@@ -151,6 +151,9 @@ class MultiNode:
         plan = [c for c in t.node_plan(port=0, master_port=self.master_port)]
         ext = ["--worker-extension-cls", WORKER_EXTENSION] if self.rpc_enabled else []
         lead_env = {"VLLM_SERVER_DEV_MODE": "1"} if self.rpc_enabled else {}
+        if not port_is_free(self.master_port, plan[0].ip):  # taken since free_port() looked: the leader's
+            # rendezvous would fail to bind and the followers would wait on someone else's port
+            raise TopologyError(f"master port {self.master_port} on {plan[0].ip} is in use: try again")
         try:
             if t.backend == "ray":  # a Ray node per plan entry, then the server on node 0 (the plan's last entry)
                 lead, extra = plan[-1], ext

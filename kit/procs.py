@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,8 +55,10 @@ _PREFIX = re.compile(r"^(?:\((?P<proc>[^)]*pid=\d+)\)\s+)?"
 _SIGNALS = re.compile(r"(SIGILL|SIGSEGV|SIGBUS|SIGKILL|Illegal instruction|Segmentation fault|Bus error|"
                       r"core dumped|out of memory|died|exit code -?\d+)", re.I)
 # A vLLM server or engine that failed during start-up says so with one of these.
+# A port taken between the kit's check and vLLM's bind (the NIXL side channel's listener thread dies and
+# start-up waits for it forever) counts too.
 _STARTUP_FAILED = re.compile(r"EngineCore failed to start|WorkerProc hit an exception|"
-                             r"Engine core initialization failed")
+                             r"Engine core initialization failed|Address already in use")
 
 
 def _log_lines(log_path: Path | None) -> list[tuple[str, str, str]]:
@@ -101,6 +104,21 @@ def _shm_hint(lines: list[str]) -> list[str]:
     except OSError:
         free = "not readable"
     return [f"hint: SIGBUS usually means /dev/shm ran out of space ({free}); remove stale psm_* entries or enlarge it"]
+
+
+def _disk_hint(log_path: Path | None) -> list[str]:
+    """A full file system under the run's folder (its log, its result file) as a root cause: the log itself may
+    then hold nothing about it."""
+    if not log_path:
+        return []
+    try:
+        free = shutil.disk_usage(Path(log_path).parent).free
+    except OSError:
+        return []
+    if free >= 1 << 20:
+        return []
+    return [f"hint: the file system holding {Path(log_path).parent} is full ({free // 1024} KiB free): "
+            "the run could not write its log or its result"]
 
 
 def root_cause(log_path: Path | None, max_lines: int = 20) -> list[str]:
@@ -210,15 +228,15 @@ class ManagedProcess:
         current = {}
         for p in self.tree():
             try:
-                title = " ".join(p.cmdline()) or p.name()
+                title = " ".join(" ".join(p.cmdline()).split()) or p.name()  # vLLM pads its retitled names
                 if p.status() == psutil.STATUS_ZOMBIE:
                     continue
             except psutil.Error:
                 continue
             current[p.pid] = title
         for pid, title in current.items():
-            if VLLM_TITLES.search(title):
-                self._seen.setdefault(pid, title)
+            if VLLM_TITLES.search(title):  # the latest title: a worker is "VLLM::Worker" before "VLLM::Worker_PP1"
+                self._seen[pid] = title
         for p in self.tree():
             try:
                 title = _title(p)
@@ -232,7 +250,7 @@ class ManagedProcess:
         return ", ".join(dead) if dead else None
 
     def fail(self, what: str) -> ProcessFailed:
-        lines = root_cause(self.log_path)
+        lines = root_cause(self.log_path) + _disk_hint(self.log_path)
         msg = f"{self.name}: {what}"
         if lines:
             msg += "\n  root cause from " + str(self.log_path) + ":\n    " + "\n    ".join(lines)
@@ -425,3 +443,33 @@ def _title(p: psutil.Process) -> str:
 
 def python_cmd(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def is_loopback(ip: str) -> bool:
+    """127.0.0.0/8, ::1, or an IPv4-mapped loopback address."""
+    import ipaddress
+
+    try:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return addr.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def listening_sockets(procs: list[psutil.Process]) -> list[dict]:
+    """Every socket the processes accept on: TCP in LISTEN and UDP bound without a peer, as
+    ``{"pid", "title", "proto", "ip", "port"}`` (a socket shared by several processes is listed once per pid)."""
+    out = []
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="inet")
+            title = _title(p)
+        except psutil.Error:
+            continue
+        for c in conns:
+            udp = c.type == socket.SOCK_DGRAM
+            if (udp and not c.raddr) or c.status == psutil.CONN_LISTEN:
+                out.append({"pid": p.pid, "title": title, "proto": "udp" if udp else "tcp",
+                            "ip": c.laddr.ip, "port": c.laddr.port})
+    return out

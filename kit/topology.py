@@ -11,6 +11,7 @@ from vLLM 0.32 beyond the topology's own fields (today: hybrid Gated-DeltaNet mo
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -190,6 +191,15 @@ class Topology:
                 raise TopologyError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.extra_engine_args, dict):
             raise TopologyError(f"extra_engine_args must be a dict, got {type(self.extra_engine_args).__name__}")
+        known = engine_arg_names() if self.extra_engine_args else frozenset()
+        for key in self.extra_engine_args:
+            if known and key not in known:  # vLLM would refuse it only in the started process, with a traceback
+                import difflib
+
+                close = difflib.get_close_matches(str(key), sorted(known), n=1)
+                raise TopologyError(f"extra_engine_args: {key!r} is not a vLLM engine or server argument (a field "
+                                    "of vLLM's EngineArgs or FrontendArgs)"
+                                    + (f"; did you mean {close[0]!r}?" if close else ""))
 
     def _validate_nodes(self) -> None:
         n = self.nodes
@@ -392,6 +402,8 @@ class Topology:
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = _fmt_num(self.kv_cache_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(self.pp * self.tp)
+        if self.nodes == 1:
+            env.update(LOOPBACK_ENV)  # a multi-node plan sets each node's own address over these
         env.update(self.runner_env())
         return env
 
@@ -424,6 +436,44 @@ class Topology:
         if self.runner != "auto":
             parts.append(f"runner-{self.runner}")
         return "/".join(parts)
+
+
+# Loopback only, for every process of a one-node topology. Without these, vLLM's workers bind the machine's
+# address: ``VLLM_HOST_IP`` is the address vLLM gives its distributed rendezvous and message queues (else the
+# address of the default route), gloo binds the interface its hostname resolves to (``GLOO_SOCKET_IFNAME``),
+# and NIXL's UCX transport may use every device (``UCX_NET_DEVICES``; a PD pair's KV still moves with ``lo``).
+# Seen without these in a PD pair (PP=2 producer): each PP worker listened on 5 TCP ports of the machine's address
+# (tests/test_pd.py::test_pd_tree_listens_on_loopback_only_and_wants_its_api_key).
+LOOPBACK_ENV = {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "UCX_NET_DEVICES": "lo"}
+
+
+# Where vLLM declares what ``extra_engine_args`` may hold: the engine's arguments (``vllm.LLM`` and the server)
+# and the OpenAI server's own (``enable_per_request_metrics``, which kit.pd's servers get, is one).
+_ARG_CLASSES = {"engine/arg_utils.py": ("EngineArgs", "AsyncEngineArgs"),
+                "entrypoints/launchers/cli_args.py": ("BaseFrontendArgs", "FrontendArgs")}
+
+
+@functools.lru_cache(maxsize=1)
+def engine_arg_names() -> frozenset[str]:
+    """The fields of vLLM's ``EngineArgs``/``AsyncEngineArgs`` and of its OpenAI server's ``FrontendArgs``, read
+    from their source (importing vLLM takes 10 s); empty when a source cannot be read, and then nothing is
+    refused here."""
+    import ast
+    import importlib.util
+
+    names: set[str] = set()
+    try:  # find_spec of the top package imports nothing (of vllm.engine.arg_utils it would import vllm)
+        root = Path(importlib.util.find_spec("vllm").submodule_search_locations[0])
+        for rel, classes in _ARG_CLASSES.items():
+            tree = ast.parse((root / rel).read_text())
+            found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in classes]
+            if not found:
+                return frozenset()
+            names.update(a.target.id for c in found for a in c.body
+                         if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name))
+    except (ImportError, AttributeError, TypeError, IndexError, OSError, SyntaxError, ValueError):
+        return frozenset()
+    return frozenset(names)
 
 
 class RunnerWarning(UserWarning):

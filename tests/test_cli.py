@@ -142,3 +142,21 @@ def test_every_error_is_one_line_and_exit_2(args, fragment):
     assert p.returncode == 2 and fragment in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("kit"), p.stderr
     assert secs < 20
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """KeyboardInterrupt out of a subcommand (its process trees already ended by their teardown): one line on
+    stderr and exit 130, not a traceback."""
+    from kit import cli, compare
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "run", interrupted)
+    try:
+        rc = cli.main(["compare", "--model", MODEL, "--random"])
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped kit.cli.main")
+    assert rc == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["kit compare: interrupted (Ctrl-C); the vLLM processes it started are ended"], err

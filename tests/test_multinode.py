@@ -233,3 +233,25 @@ def test_two_nodes_pp2_mtp2_tokens_acceptance_patches_sockets_and_node_death(tmp
         assert time.monotonic() - t0 < 3.0 + 30.0
     for n in mn.nodes:
         assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in n.tree())
+
+
+def test_a_taken_master_port_is_refused_before_any_node_starts(monkeypatch):
+    """The master port free_port() chose is taken before the nodes start: one clear error, no process started
+    (before, the leader's rendezvous failed to bind and the followers waited on someone else's port)."""
+    import socket
+
+    from kit import multinode
+
+    def no_process(*a, **kw):
+        raise AssertionError("a process was started")
+
+    t = Topology(model=MODEL, random_weights=True, pp=2, nodes=2)
+    ip = t.node_plan(port=0, master_port=1)[0].ip
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        s.listen(1)
+        monkeypatch.setattr(multinode, "free_port", lambda: s.getsockname()[1])
+        monkeypatch.setattr(multinode, "ManagedProcess", no_process)
+        monkeypatch.setattr(multinode.Server, "start", no_process)
+        with pytest.raises(TopologyError, match=f"master port {s.getsockname()[1]} on {ip} is in use"):
+            multinode.MultiNode(t, quiet=True).start(timeout=30)

@@ -171,6 +171,74 @@ def test_main_bad_input_exits_2_before_any_server(tmp_path, capsys):
 
 # -- real servers ----------------------------------------------------------------------------------
 
+def test_a_taken_side_channel_port_is_refused_before_the_server_starts(monkeypatch):
+    """A NIXL side-channel port held by another socket: one clear error before any process starts (before, vLLM's
+    listener thread failed to bind and its engine waited for it until the start deadline)."""
+    import socket
+
+    from kit import engine
+
+    def no_process(*a, **kw):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(engine, "ManagedProcess", no_process)
+    t = Topology(model=MODEL, random_weights=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        srv = engine.Server(t, env={"VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}, in_pair=True)
+        with pytest.raises(pd.TopologyError, match=f"NIXL side-channel port {port} on 127.0.0.1 is in use"):
+            srv.start(timeout=30)
+
+
+def test_the_api_key_goes_to_the_server_environment_and_every_request(monkeypatch):
+    """``api_key``: given to vLLM as VLLM_API_KEY (not on the command line), and sent by the kit's one HTTP client
+    on every call: GET and POST of kit.pd.client (the router's), Server.post. A stand-in HTTP endpoint records
+    the headers (vLLM's own 401 is checked in the PD engine test below)."""
+    import http.server
+    import threading
+
+    from kit import engine
+
+    got: list = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            got.append((self.command, self.path, self.headers.get("Authorization")))
+            if self.command == "POST":
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps({"data": [{"id": "m"}], "choices": [{"text": ""}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        t = Topology(model=MODEL, random_weights=True)
+        srv = engine.Server(t, port=httpd.server_address[1], api_key="s3cret")
+        assert pd.model_id(srv) == "m"
+        pd.post_json(srv, "/v1/completions", {"prompt": "x"})
+        srv.post("/v1/completions", {"prompt": "x"})
+        assert engine.Server(t).auth_headers() == {}
+    finally:
+        httpd.shutdown()
+    assert [a for _, _, a in got] == ["Bearer s3cret"] * 3, got
+    started = {}
+    monkeypatch.setattr(engine, "ManagedProcess", lambda cmd, env=None, **kw: started.update(cmd=cmd, env=env)
+                        or (_ for _ in ()).throw(RuntimeError("stop here")))
+    with pytest.raises(RuntimeError, match="stop here"):
+        engine.Server(t, api_key="s3cret", in_pair=True).start(timeout=30)
+    assert started["env"]["VLLM_API_KEY"] == "s3cret" and "s3cret" not in " ".join(started["cmd"])
+
+
 @pytest.mark.engine
 @pytest.mark.pd
 def test_router_streaming_and_concurrent_requests(no_leftovers):
@@ -326,3 +394,46 @@ def test_pd_workers_keep_their_cores(tmp_path, no_leftovers, patched):
         producer_affs = [aff for aff in seen["producer"].values()]
         assert all(aff == [cores[-1]] for aff in producer_affs), (
             f"stock vLLM no longer pins the producer's workers to the last core: {seen}")
+
+
+@pytest.mark.engine
+@pytest.mark.pd
+def test_pd_tree_listens_on_loopback_only_and_wants_its_api_key(no_leftovers):
+    """A PP=2 producer and a PP=1 consumer started with an API key. While a streamed request runs, every socket
+    that the whole tree accepts on (both servers' front ends, engine cores and PP workers, and the router: this
+    process) is on loopback; the vLLM workers bound the machine's address before ``Topology.env`` carried
+    ``kit.topology.LOOPBACK_ENV``. A ``/v1`` request without the key gets HTTP 401 from both servers, while the
+    router's requests, which carry it, pass (the warm-up round trip included)."""
+    import threading
+    import time
+
+    import psutil
+
+    from kit.httpclient import client
+    from kit.procs import is_loopback, listening_sockets
+
+    m, r = _model()
+    p, c = pd.pd_topologies(m, 2, None, 1, None, random_weights=r)
+    seen: dict = {}
+    with pd.PDPair(p, c, api_key="kit-test-key") as pair:
+        def look() -> None:
+            time.sleep(1.0)  # the request is running
+            tree = pair.producer.proc.tree() + pair.consumer.proc.tree() + [psutil.Process()]
+            seen["titles"] = [" ".join(x.cmdline()) for x in tree if x.is_running()]
+            seen["sockets"] = listening_sockets(tree)
+
+        th = threading.Thread(target=look)
+        th.start()
+        rec = pair.complete(PROMPTS[2], max_tokens=300, stream=True)
+        th.join()
+        assert rec.error is None, rec.error
+        assert any("Worker_PP1" in t for t in seen["titles"]), seen["titles"]  # the workers were looked at
+        assert seen["sockets"], "no listening socket found: the look saw nothing"
+        outside = [s for s in seen["sockets"] if not is_loopback(s["ip"])]
+        print(f"{len(seen['titles'])} processes, {len(seen['sockets'])} listening sockets, outside loopback: {outside}")
+        assert not outside, outside
+        for srv in (pair.producer, pair.consumer):
+            body = {"model": pair.model_name["producer"], "prompt": "x", "max_tokens": 1}
+            assert client().post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 401
+            assert client().get(srv.url + "/v1/models", timeout=30).status_code == 401
+            assert srv.post("/v1/completions", {**body, "model": pd.model_id(srv)})["choices"]

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from kit import engine
+from kit.faults import kill_tree, kill_when_generating as _kill_when_generating, vllm_processes as _vllm_children
 from kit.procs import leftover_vllm_processes
 from kit.topology import Topology
 
@@ -18,40 +19,6 @@ from conftest import MODEL, ROOT
 
 pytestmark = [pytest.mark.engine, pytest.mark.reliability]
 PROMPTS = ["def add(a, b):\n    return", "import os\n"]
-
-
-def _vllm_children(title: str):
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if title in " ".join(p.info["cmdline"] or []):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
-def _newest_log_says(text: str, since: float) -> bool:
-    from kit.models import cache_dir
-
-    logs = [p for p in cache_dir().glob("kit-run-*/engine.log") if p.stat().st_mtime >= since]
-    return any(text in p.read_text(errors="replace") for p in logs)
-
-
-def _kill_when_generating(title: str, stop: threading.Event, since: float, killed: list | None = None):
-    """SIGKILL the vLLM process titled ``title`` once the runner has started generating."""
-    while not stop.is_set():
-        if _newest_log_says("[kit.runner] job generate", since) and _vllm_children(title):
-            time.sleep(1.0)  # mid-request
-            if killed is not None:
-                killed.append(time.monotonic())
-            for p in _vllm_children(title):
-                try:
-                    p.send_signal(signal.SIGKILL)
-                except psutil.Error:
-                    pass
-            return
-        time.sleep(0.3)
 
 
 def test_dead_worker_is_reported_within_30s(no_leftovers):
@@ -137,11 +104,7 @@ def _pd_pair():
 
 
 def _kill_server_tree(srv) -> None:
-    for p in srv.proc.tree():
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
+    kill_tree(srv.proc.tree())
 
 
 def _plain_completion(srv, prompt: str, max_tokens: int) -> list[int]:
@@ -222,3 +185,43 @@ def test_pd_kv_transfer_timeout_is_reported_with_its_cause_and_the_pair_keeps_se
         nxt = pair.complete(PROMPTS[1], max_tokens=16)
         assert nxt.error is None, nxt.error
         assert nxt.token_ids == ref.token_ids[1]
+
+
+# -- back to back -----------------------------------------------------------------------------------
+
+def _stress_run(i: int) -> tuple[list[str], str]:
+    """Run ``i`` of the stress test: even ``kit compare`` (PP=2 + MTP k=2), odd ``kit pd`` (PP=2 + MTP producer,
+    PP=1 + MTP consumer: vLLM's NIXL handshake wants the same drafter method on both sides), as a user types them;
+    returns the command and '' or its failure's cause."""
+    common = ["--model", MODEL, "--random", "--limit", "2", "--max-tokens", "16", "--quiet"]
+    if i % 2 == 0:
+        argv = ["compare", "--pp", "2", "--spec", "mtp:2", *common]
+    else:
+        argv = ["pd", "--producer-pp", "2", "--producer-spec", "mtp:2", "--consumer-pp", "1", "--consumer-spec", "mtp:2", *common]
+    out = subprocess.run([sys.executable, "-m", "kit", *argv], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if out.returncode == 0:
+        return argv, ""
+    tail = [l for l in (out.stderr + out.stdout).splitlines() if l.strip()][-12:]
+    return argv, f"exit {out.returncode}: " + "\n    ".join(tail)
+
+
+@pytest.mark.slow
+def test_back_to_back_compare_and_pd(no_leftovers):
+    """``kit compare`` and ``kit pd`` alternating, each started the moment the previous one ended: every run
+    passes, and a failure is reported with its cause (the last lines the run printed). ``KIT_STRESS_RUNS``
+    runs (20) from run ``KIT_STRESS_START`` (0): a long series can be run in chunks that keep the alternation."""
+    start = int(os.environ.get("KIT_STRESS_START", "0"))
+    count = int(os.environ.get("KIT_STRESS_RUNS", "20"))
+    failures, took = [], []
+    for i in range(start, start + count):
+        t0 = time.monotonic()
+        argv, cause = _stress_run(i)
+        took.append(round(time.monotonic() - t0, 1))
+        if cause:
+            failures.append(f"run {i} (kit {' '.join(argv)}): {cause}")
+        left = leftover_vllm_processes(owner=os.getpid())
+        if left:
+            failures.append(f"after run {i}: processes left {left}")
+    print(f"runs {start}..{start + count - 1}: seconds {took}")
+    assert not failures, "\n".join(failures)

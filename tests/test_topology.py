@@ -173,3 +173,57 @@ def test_pp_spec_on_the_v2_runner_warns_that_the_v1_patches_do_not_apply():
     assert Topology(**cuda, pp=2, spec="mtp:2", runner="v1").runner_note() is None
     assert Topology(**cuda, pp=1, spec="mtp:2", runner="v2").runner_note() is None   # PP=1: no PP + spec path
     assert Topology(**cuda, pp=2, runner="v2").runner_note() is None                 # no speculation
+
+
+def test_every_process_of_a_one_node_topology_stays_on_loopback():
+    """vLLM's rendezvous and queues, gloo and NIXL's UCX bind loopback only (kit.topology.LOOPBACK_ENV); a
+    multi-node plan's per-node address wins over it."""
+    from kit.topology import LOOPBACK_ENV
+
+    env = Topology(model=MODEL, random_weights=True, pp=2).env()
+    assert {k: env[k] for k in LOOPBACK_ENV} == {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+                                                  "UCX_NET_DEVICES": "lo"}
+    two = Topology(model=MODEL, random_weights=True, pp=2, nodes=2)
+    assert "VLLM_HOST_IP" not in two.env()
+    assert [c.env["VLLM_HOST_IP"] for c in two.node_plan(8000, 29555)] == ["127.0.0.2", "127.0.0.3"]
+
+
+def test_two_runs_writing_one_random_checkpoint_do_not_replace_each_others(tmp_path, monkeypatch):
+    """Two runs (processes) find no checkpoint for a seed and both write it: the second must not replace (remove,
+    then rename over) the directory the first one already returned and its engine is loading."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from kit.models import random_checkpoint, resolve_model
+
+    from conftest import ROOT
+
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    writing, a_done = tmp_path / "b-writing", tmp_path / "a-done"
+    run_b = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys, time; sys.path.insert(0, {str(ROOT)!r})
+        import safetensors.numpy as sn
+        real = sn.save_file
+        def slow(*a, **kw):  # run b is writing; run a finishes meanwhile, unless it has to wait for run b
+            open({str(writing)!r}, "w").close()
+            t = time.monotonic()
+            while not os.path.exists({str(a_done)!r}) and time.monotonic() - t < 3:
+                time.sleep(0.05)
+            return real(*a, **kw)
+        sn.save_file = slow
+        from kit.models import random_checkpoint, resolve_model
+        random_checkpoint(resolve_model({MODEL!r}), 7)
+    """)], env={**os.environ, "KIT_CACHE_DIR": str(tmp_path)})
+    deadline = time.monotonic() + 60
+    while not writing.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writing.exists(), "run b never started writing"
+    out = random_checkpoint(resolve_model(MODEL), 7)  # run a
+    loaded = (out / "model.safetensors").stat().st_ino  # what run a's engine would now load
+    a_done.touch()
+    assert run_b.wait(60) == 0
+    assert (out / "model.safetensors").stat().st_ino == loaded, "run b replaced the checkpoint run a returned"
+    assert not [p.name for p in out.parent.iterdir() if ".tmp" in p.name]

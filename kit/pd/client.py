@@ -27,7 +27,7 @@ def get(srv: Server, path: str, timeout: float = 30.0, attempts: int = 5) -> byt
     """GET with a few retries on a refused or dropped connection (seen right after start-up on a loaded machine)."""
     for i in range(attempts):
         try:
-            r = _client().get(srv.url + path, timeout=timeout)
+            r = _client().get(srv.url + path, headers=srv.auth_headers(), timeout=timeout)
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
             if i == attempts - 1:
                 raise PDError(f"GET {path} on {srv.name} failed {attempts} times: {e!r}") from None
@@ -51,7 +51,8 @@ def model_id(srv: Server) -> str:
 def _post(srv: Server, path: str, body: dict, headers: dict | None, timeout: float, what: str) -> Iterator[httpx.Response]:
     """The one POST: a JSON body, the response open for reading; failures (also while reading) as PDError."""
     try:
-        with _client().stream("POST", srv.url + path, json=body, headers=headers or {}, timeout=timeout) as r:
+        with _client().stream("POST", srv.url + path, json=body, headers={**srv.auth_headers(), **(headers or {})},
+                              timeout=timeout) as r:
             if r.status_code != 200:
                 r.read()
                 raise PDError(f"{what} answered HTTP {r.status_code}: {r.text[:600]}")

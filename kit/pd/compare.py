@@ -80,7 +80,7 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
         with contextlib.ExitStack() as stack:
             sender = pair
             if router == "vllm-router":
-                sender = stack.enter_context(VllmRouter(pair))
+                sender = stack.enter_context(VllmRouter(pair, api_key=pair.api_key))
                 router_info = {"version": router_version(), "start_s": sender.start_seconds,
                                "command": sender.command_line, "log": str(sender.log_path)}
             t1 = time.monotonic()

@@ -89,8 +89,10 @@ class PDPair:
     def __init__(self, producer: Topology, consumer: Topology, connector: str | None = None,
                  start_timeout: float = DEFAULT_START_TIMEOUT, request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  log_dir: Path | str | None = None, env: dict[str, str] | None = None, warmup: bool = True,
-                 parallel_start: bool = True, split_cores: bool = True, kv_extra_config: dict | None = None):
+                 parallel_start: bool = True, split_cores: bool = True, kv_extra_config: dict | None = None,
+                 api_key: str | None = None):
         self.kv_extra_config = dict(DEFAULT_KV_EXTRA_CONFIG if kv_extra_config is None else kv_extra_config)
+        self.api_key = api_key  # both servers answer /v1/* only with it (kit.engine.Server); checked there
         self.connector, self.connector_reason = check_pair(producer, consumer, connector, env, self.kv_extra_config)
         check_seconds(start_timeout, "start_timeout")
         check_seconds(request_timeout, "request_timeout")
@@ -149,7 +151,8 @@ class PDPair:
         self.server_env[role] = env
         http_port = self._free_port()
         self.served_topology[role] = served = as_served(topo, self.kv_extra_config)
-        return Server(served, port=http_port, env=env, log_path=self.log_dir / f"{role}.log", name=role, in_pair=True)
+        return Server(served, port=http_port, env=env, log_path=self.log_dir / f"{role}.log", name=role, in_pair=True,
+                      api_key=self.api_key)
 
     def start(self) -> "PDPair":
         # Write a random checkpoint once, before two processes race to write it.
@@ -196,6 +199,16 @@ class PDPair:
                 while not all(ev.is_set() for ev in booted.values()):
                     for role, srv in servers.items():
                         proc = srv.proc
+                        if errors and role not in errors and role not in stopped_by_us and proc is not None \
+                                and not booted[role].is_set():
+                            # The other server failed before this one had a process to end (boot() could not
+                            # stop it then): end it now instead of letting it start for nothing.
+                            stopped_by_us.add(role)
+                            try:
+                                proc.terminate(grace=2.0)
+                            except Exception:  # noqa: BLE001 - it may be ending on its own
+                                pass
+                            continue
                         if booted[role].is_set() or proc is None or role in self.fatal:
                             continue
                         lines = fatal_log_lines(self.log_dir / f"{role}.log")
@@ -442,9 +455,14 @@ class PDPair:
                     _fill_transfer(r, a, b)
                 recs.append(r)
         else:
-            with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pd-req") as ex:
+            ex = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="pd-req")
+            try:
                 futs = [ex.submit(route, p, max_tokens, stream, i) for i, p in enumerate(prompts)]
                 recs = [f.result() for f in futs]
+            finally:
+                # Ctrl-C (or any error) here: drop the queued prompts instead of waiting for all of them (a
+                # ``with`` block would); the requests in flight end when the caller stops the servers.
+                ex.shutdown(wait=False, cancel_futures=True)
         ok = [r for r in recs if r.error is None]
         after = self.settle(before, len(ok), sum(r.prompt_tokens or 0 for r in ok))
         p, c = after["producer"] - before["producer"], after["consumer"] - before["consumer"]
