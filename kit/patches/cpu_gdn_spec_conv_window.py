@@ -40,7 +40,6 @@ def _make(orig):
     import importlib
 
     import torch
-    import torch.nn.functional as F
 
     g = importlib.import_module(_MODULE)
     GDNAttentionMetadata = g.GDNAttentionMetadata  # noqa: F841 (the annotation below names it)
@@ -102,7 +101,8 @@ def _make(orig):
                 num_accepted_tokens=num_accepted[:num_spec_decodes].to("cpu", torch.int32),
             ).view_as(mixed_qkv_spec)
         else:
-            w = g._unpacked_conv_weight(layer).unsqueeze(1)
+            w2d = g._unpacked_conv_weight(layer)  # kit: the decode path's weight, (dim, width)
+            _ONE = torch.ones(1, dtype=torch.int32)
             col0 = spec_state_indices[:num_spec_decodes, 0]
             num_acc_cpu = num_accepted[:num_spec_decodes]
             conv_out = torch.empty_like(mixed_qkv_spec)
@@ -116,11 +116,18 @@ def _make(orig):
                 B = conv_buf[slot0]  # (dim, state_len)
                 x_seq = mixed_qkv_spec[start : start + q_i].transpose(0, 1).to(B.dtype)
                 prior = B[:, offset : offset + (width - 1)]
-                conv_in = torch.cat([prior, x_seq], dim=-1).unsqueeze(0)
-                out = F.conv1d(conv_in, w, bias, groups=dim)[0]  # (dim, q_i)
-                if silu:
-                    out = F.silu(out)
-                conv_out[start : start + q_i] = out.transpose(0, 1).to(conv_out.dtype)
+                # kit: each token through the decode path's own conv kernel, one at a time from the window at
+                # num_accepted - 1, so a verified token gets bit for bit the numbers a plain decode step gives it
+                # (vLLM's bf16 F.conv1d then bf16 SiLU rounds twice and differs from that kernel on about a quarter
+                # of the elements). Slot 0 of the scratch state is left unused: the kernel skips index 0 (null block).
+                scratch = torch.empty((2, dim, width - 1), dtype=B.dtype)
+                scratch[1] = prior
+                x_tok = mixed_qkv_spec[start : start + q_i].to(B.dtype)
+                for t in range(q_i):
+                    conv_out[start + t : start + t + 1] = g.causal_conv1d_update_cpu(
+                        x=x_tok[t : t + 1].contiguous(), conv_state=scratch, weight=w2d, bias=bias,
+                        activation=layer.activation, conv_state_indices=_ONE,
+                    ).to(conv_out.dtype)
                 # Roll the buffer: drop the accepted history from the front, append
                 # the new draft tokens, keep total length == state_len.
                 # kit: the window of the NEXT step starts at its own (num_accepted - 1), which assumes the new
@@ -140,20 +147,38 @@ def _make(orig):
         spec_idx = spec_state_indices[:num_spec_decodes].to(torch.int32).contiguous()
         num_acc = num_accepted[:num_spec_decodes].to(torch.int32).contiguous()
         cu = spec_qsl[: num_spec_decodes + 1].to(torch.int32).contiguous()
-        out_spec = g.ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
-            A_log=layer.A_log,
-            dt_bias=layer.dt_bias,
-            q=query,
-            k=key,
-            v=value,
-            a=a_spec,
-            b=b_spec,
-            initial_state_source=ssm_state,
-            spec_state_indices=spec_idx,
-            num_accepted_tokens=num_acc,
-            cu_seqlens=cu,
-            use_qk_l2norm_in_kernel=True,
-        )
+        # kit: the recurrence token by token through the decode kernel (fused_sigmoid_gating_delta_rule_update_cpu),
+        # the state after token t written to slot t as vLLM's spec kernel does: that kernel's arithmetic differs from
+        # the decode kernel's in the last bits, so a verified token's output differed from a plain decode's.
+        del cu
+        lens = [int(x) for x in seq_lens.tolist()]
+        starts = [int(x) for x in seq_starts.tolist()]
+        acc = [int(x) for x in num_acc.tolist()]
+        out_spec = torch.empty((query.size(0), value.size(-2), value.size(-1)), dtype=value.dtype)
+        for t in range(max(lens, default=0)):
+            rows = [i for i in range(num_spec_decodes) if lens[i] > t]
+            if not rows:
+                break
+            for i in rows:
+                src = int(spec_idx[i, acc[i] - 1]) if t == 0 else int(spec_idx[i, t - 1])
+                dst = int(spec_idx[i, t])
+                if src != dst:
+                    ssm_state[dst] = ssm_state[src]
+            tok = torch.tensor([starts[i] + t for i in rows])
+            o = g.ops.fused_sigmoid_gating_delta_rule_update_cpu(
+                A_log=layer.A_log,
+                dt_bias=layer.dt_bias,
+                q=query.index_select(0, tok).unsqueeze(0),
+                k=key.index_select(0, tok).unsqueeze(0),
+                v=value.index_select(0, tok).unsqueeze(0),
+                a=a_spec.index_select(0, tok),
+                b=b_spec.index_select(0, tok),
+                initial_state_source=ssm_state,
+                initial_state_indices=spec_idx[rows, t].contiguous(),
+                cu_seqlens=torch.arange(len(rows) + 1, dtype=torch.int32),
+                use_qk_l2norm_in_kernel=True,
+            )
+            out_spec.index_copy_(0, tok, o.reshape(len(rows), value.size(-2), value.size(-1)))
         return out_spec
 
     _spec_forward.__wrapped__ = orig
