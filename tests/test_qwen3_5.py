@@ -3,13 +3,12 @@
 The seed's claim for ``qwen3_5_mtp`` (vLLM #46003): the drafter lives on the last PP rank and never reads PP
 intermediates. ``kit.patches.upstream_checks`` reports it as upstream from the source text; here it is read
 from a running PP=2 engine: where the drafter and each rank's linear-attention (mamba cache) state live, and
-what the drafter's forward was given on every call while it generated, on the trained checkpoint (drafts accepted).
+what the drafter's forward was given on every call while it generated.
 """
 import pytest
 
 from kit import engine
 from kit.compare import first_divergence, load_prompts
-from kit.engine import GenerationResult
 from kit.matrix import reference_for
 from kit.topology import Topology
 
@@ -17,10 +16,9 @@ pytestmark = pytest.mark.engine
 
 
 def test_qwen3_5_mtp_drafter_lives_on_the_last_rank_and_never_reads_pp_intermediates(no_leftovers):
-    t = Topology(model="tiny-qwen3_5-trained", pp=2, spec="mtp:2")
-    prompts, max_tokens = load_prompts(limit=4), 24
+    t = Topology(model="tiny-qwen3_5", random_weights=True, pp=2, spec="mtp:2")
     res = engine.run(t, [{"kind": "rpc", "method": "kit_watch_drafter"}, {"kind": "inspect"},
-                         {"kind": "generate", "prompts": prompts, "max_tokens": max_tokens},
+                         {"kind": "generate", "prompts": load_prompts(limit=4), "max_tokens": 16},
                          {"kind": "rpc", "method": "kit_drafter_calls"}], timeout=900)
     watch, ranks, gen, calls = res["jobs"]
     ranks = sorted(ranks, key=lambda r: r["pp_rank"])
@@ -55,10 +53,6 @@ def test_qwen3_5_mtp_drafter_lives_on_the_last_rank_and_never_reads_pp_intermedi
     assert calls[1]["calls"] > 0, calls  # k forwards per step, each drafting for the whole batch
     assert calls[1]["with_intermediates"] == 0, calls
     assert "calls" not in calls[0], calls
-    # Trained weights: the drafter's first draft is accepted more often than not. Token identity against the PP=1
-    # no-spec engine is not asserted here: at PP=2 it is not reached yet (docs/findings.md#qwen35-hybrid-gdn-under-pp-and-mtp).
-    got = GenerationResult.from_dict(gen)
-    assert got.spec.per_position[0] >= 0.5 * got.spec.num_drafts, got.spec
 
 
 @pytest.mark.slow
