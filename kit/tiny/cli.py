@@ -4,6 +4,7 @@
 
     python -m kit.tiny train tiny-mimo [--out DIR] [--seed N] [--steps N] [--quick] [--threads N]
     python -m kit.tiny train tiny-deepseek [--out DIR] [--seed N] [--steps N] [--quick] [--no-q-rope]
+    python -m kit.tiny train tiny-qwen3_5 [--out DIR] [--seed N] [--steps N] [--quick]
     python -m kit.tiny train mimo-py-18m --corpus PACK [--out DIR] [--device cpu|cuda] [--steps N] [--quick]
                                          [--shard-mb MB] [--simulate PROMPTS]
     python -m kit.tiny parity [--model M] [--prompts FILE ...] [--n N] [--max-tokens 32] [--patches SEL]
@@ -30,7 +31,7 @@ from . import config, trainers
 from .pycorpus import DEFAULT_PACK, DEFAULT_PACKAGE_CAP
 
 TRAINED = {"tiny-mimo": trainers.TINY_MIMO_DIR, "tiny-deepseek": trainers.TINY_DEEPSEEK_DIR,
-           "mimo-py-18m": trainers.MIMO_PY_DIR}
+           "tiny-qwen3_5": trainers.TINY_QWEN_DIR, "mimo-py-18m": trainers.MIMO_PY_DIR}
 PROG = "kit.tiny"
 
 
@@ -50,6 +51,7 @@ def build_parser() -> Parser:
     models = tr.add_subparsers(dest="model", required=True, parser_class=Parser, metavar="MODEL")
     for name, text in (("tiny-mimo", "tiny-mimo: MiMo + MTP on the standard library, its own BPE tokenizer"),
                        ("tiny-deepseek", "tiny-deepseek-v3-trained: the zoo's DeepSeek-V3 + MTP, trained"),
+                       ("tiny-qwen3_5", "tiny-qwen3_5-trained: the zoo's Qwen3.5 Gated-DeltaNet hybrid + MTP, trained"),
                        ("mimo-py-18m", "mimo-py-18m: MiMo + MTP, 17.8 M parameters, on the Python-source pack")):
         t = models.add_parser(name, help=text, description=text)
         t.add_argument("--out", default=_rel(TRAINED[name]), help="model directory (relative to the repo)")
@@ -77,7 +79,8 @@ def build_parser() -> Parser:
         p.add_argument("--n", type=arg_count, default=None, help="use the first N prompts of each file")
         p.add_argument("--max-tokens", type=arg_count, default=32 if name == "parity" else 64)
         p.add_argument("--patches", default=None, help="KIT_PATCHES selection to load in vLLM (default: none, "
-                       "stock vLLM); cpu_rope_layout for tiny-deepseek-v3-trained")
+                       "stock vLLM); cpu_rope_layout for tiny-deepseek-v3-trained, qwen_vl_no_torchvision for "
+                       "tiny-qwen3_5-trained (plus cpu_gdn_spec_conv_window for acceptance)")
         p.add_argument("--timeout", type=float, default=900.0, help="seconds for the vLLM run")
         p.add_argument("--json", default=None, help="also write the result here")
         if name == "acceptance":
@@ -111,6 +114,8 @@ def _train(a, argv: list[str]) -> int:
         tc.threads = a.threads
     elif a.model == "tiny-deepseek":
         tc = config.tiny_deepseek_config(a.quick, a.seed)
+    elif a.model == "tiny-qwen3_5":
+        tc = config.tiny_qwen3_5_config(a.quick, a.seed)
     else:
         tc = config.mimo_py_config(a.quick, a.seed)
     if a.steps is not None:
@@ -119,6 +124,8 @@ def _train(a, argv: list[str]) -> int:
         m = trainers.train_tiny_mimo(tc, out, command=command)
     elif a.model == "tiny-deepseek":
         m = trainers.train_tiny_deepseek(tc, out, command=command, q_rope=a.q_rope)
+    elif a.model == "tiny-qwen3_5":
+        m = trainers.train_tiny_qwen3_5(tc, out, command=command)
     else:
         shard = int(a.shard_mb * 2**20) if a.shard_mb else None
         m = trainers.train_mimo_py(tc, Path(a.corpus), out, a.device, shard, command=command,

@@ -1,18 +1,19 @@
 """Configurations of the tiny trained models: architecture, training recipe, and the ``config.json`` vLLM loads.
 
 :class:`ModelConfig` is the MiMo-layout model (``tiny-mimo``, ``mimo-py-18m``), :class:`DSConfig` the dense
-DeepSeek-V3 layout (``tiny-deepseek-v3-trained``), :class:`TrainConfig` one training run. The presets at the
+DeepSeek-V3 layout (``tiny-deepseek-v3-trained``), :class:`Qwen35Config` the Qwen3.5 hybrid
+(``tiny-qwen3_5-trained``), :class:`TrainConfig` one training run. The presets at the
 bottom are the recipes the shipped checkpoints were trained with (changing one changes what retraining writes).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..models import MODELS_DIR, PROMPTS_DIR, REPO_ROOT
 
 __all__ = ["REPO_ROOT", "MODELS_DIR", "PROMPTS_DIR", "BOS", "EOS", "PAD", "SPECIAL_TOKENS", "BOS_ID", "EOS_ID",
-           "PAD_ID", "ModelConfig", "DSConfig", "TrainConfig", "hf_config",
-           "tiny_mimo_config", "tiny_deepseek_config", "MIMO_PY_PRESET", "mimo_py_config"]
+           "PAD_ID", "ModelConfig", "DSConfig", "Qwen35Config", "TrainConfig", "hf_config",
+           "tiny_mimo_config", "tiny_deepseek_config", "tiny_qwen3_5_config", "MIMO_PY_PRESET", "mimo_py_config"]
 
 # tiny-mimo's tokenizer (mimo-py-18m copies it): ids 0, 1, 2.
 BOS = "<|bos|>"
@@ -81,6 +82,30 @@ class DSConfig(_ArchConfig):
 
 
 @dataclass
+class Qwen35Config(_ArchConfig):
+    """``Qwen3_5ForCausalLM`` (``qwen3_5_text``) with its ``mtp.*`` drafter. The Gated-DeltaNet and attention
+    details are transformers' ``Qwen3_5TextConfig``, built from ``hf`` (the ``config.json`` itself)."""
+
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    partial_rotary_factor: float = 0.25
+    hf: dict = field(default_factory=dict)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @classmethod
+    def from_hf(cls, c: dict) -> "Qwen35Config":
+        if c.get("model_type") != "qwen3_5_text" or c.get("mtp_num_hidden_layers", 0) != 1:
+            raise ValueError("only qwen3_5_text with one MTP layer is implemented")
+        rope = c.get("rope_parameters") or {}
+        base = super().from_hf({k: v for k, v in c.items() if k != "partial_rotary_factor"})
+        return replace(base, hf=dict(c),
+                       partial_rotary_factor=float(rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1))))
+
+
+@dataclass
 class TrainConfig:
     """One training run: optimiser, schedule, loss weights, batches; ``model`` is the architecture."""
 
@@ -105,7 +130,7 @@ class TrainConfig:
     log_every: int = 10
     max_corpus_files: int | None = None
     eval_batches: int = 8
-    model: ModelConfig | DSConfig = field(default_factory=ModelConfig)
+    model: ModelConfig | DSConfig | Qwen35Config = field(default_factory=ModelConfig)
 
 
 def hf_config(mc: ModelConfig) -> dict:
@@ -163,6 +188,16 @@ def tiny_deepseek_config(quick: bool = False, seed: int = 0) -> TrainConfig:
                            max_corpus_files=8, eval_batches=1, model=DSConfig())
     return TrainConfig(seed=seed, steps=700, batch_size=8, seq_len=256, warmup_steps=50,
                        log_every=10, eval_batches=8, model=DSConfig())
+
+
+def tiny_qwen3_5_config(quick: bool = False, seed: int = 0) -> TrainConfig:
+    """``tiny-qwen3_5-trained`` (the architecture is read from the zoo's ``config.json`` at training): tiny-deepseek's
+    recipe with 600 steps (about 1 s each on one core) and the drafter's distillation term."""
+    if quick:
+        return TrainConfig(seed=seed, steps=3, batch_size=2, seq_len=32, warmup_steps=1, log_every=1,
+                           max_corpus_files=8, eval_batches=1, model=Qwen35Config())
+    return TrainConfig(seed=seed, steps=600, batch_size=8, seq_len=256, warmup_steps=50, distill_weight=1.0,
+                       log_every=10, eval_batches=8, model=Qwen35Config())
 
 
 MIMO_PY_PRESET = ModelConfig(vocab_size=2048, hidden_size=384, intermediate_size=1024, num_hidden_layers=8,

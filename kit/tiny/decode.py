@@ -43,7 +43,7 @@ def draft_tokens(model, seq: Sequence[int], j: int, k: int, _cache: dict | None 
     (after its output norm) and the previous draft token; its attention sees the first pass's
     keys at positions 0..p, the earlier draft steps' keys and its own (the drafter KV cache).
     """
-    layer = model.model.mtp_layers[0]
+    layer = model.mtp_layer
     attn = layer.self_attn
     if _cache is None or _cache.get("seq") != tuple(seq):
         x = torch.tensor([list(seq)])
@@ -70,7 +70,7 @@ def draft_tokens(model, seq: Sequence[int], j: int, k: int, _cache: dict | None 
         q, k_new, v_new = attn.qkv(hn, position)
         K, V = torch.cat([K, k_new], dim=2), torch.cat([V, v_new], dim=2)
         o = F.scaled_dot_product_attention(q, K, V, scale=attn.hd ** -0.5)
-        hmid = xin + attn.out(o)
+        hmid = xin + attn.out(o, hn)
         out = hmid + layer.mlp(layer.post_attention_layernorm(hmid))
         m_prev = layer.out_norm(out)
         hiddens.append(m_prev)

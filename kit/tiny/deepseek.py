@@ -158,6 +158,10 @@ class TinyDeepseekV3(TinyMiMo):
             sd[copy.format(n=n)] = sd[src].clone()
         return dict(sorted(sd.items()))
 
+    def from_checkpoint(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A checkpoint's tensors under this module's names (:meth:`untie`)."""
+        return self.untie(sd, self.mc.num_hidden_layers)
+
     @classmethod
     def untie(cls, sd: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
         """A checkpoint's tensors without the tied copies (which must equal their sources)."""

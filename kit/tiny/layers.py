@@ -88,7 +88,8 @@ class Attention(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
         return q, k, v
 
-    def out(self, o: torch.Tensor) -> torch.Tensor:
+    def out(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The output projection of the heads ``o``; ``x`` is the attention's input (gated attention reads it)."""
         B, H, T, D = o.shape
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
 
@@ -97,7 +98,7 @@ class Attention(nn.Module):
         if kv_out is not None:
             kv_out.append((k, v))
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.hd ** -0.5)
-        return self.out(o)
+        return self.out(o, x)
 
     def forward_chain(self, x: torch.Tensor, positions: torch.Tensor, k1: torch.Tensor,
                       v1: torch.Tensor) -> torch.Tensor:
@@ -113,7 +114,7 @@ class Attention(nn.Module):
         s2 = (q * k2).sum(-1, keepdim=True) * scale  # [B, H, T, 1]
         p = torch.softmax(torch.cat([s1, s2], dim=-1), dim=-1)
         o = torch.matmul(p[..., :T], v1) + p[..., T:] * v2
-        return self.out(o)
+        return self.out(o, x)
 
 
 class MLP(nn.Module):

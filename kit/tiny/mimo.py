@@ -57,7 +57,7 @@ class TinyMiMo(nn.Module):
     """State-dict names are exactly the checkpoint's (``model.*``, ``lm_head.weight``).
 
     The interface every tiny model offers (the trainer, decoding and parity use only it): :meth:`hidden`,
-    :meth:`logits`, :meth:`mtp_hidden`, :meth:`mtp_logits`, ``model.embed_tokens``, ``model.mtp_layers``."""
+    :meth:`logits`, :meth:`mtp_hidden`, :meth:`mtp_logits`, ``model.embed_tokens``, :attr:`mtp_layer`."""
 
     def __init__(self, mc: ModelConfig):
         super().__init__()
@@ -67,6 +67,11 @@ class TinyMiMo(nn.Module):
 
     def trunk_layers(self) -> list[nn.Module]:
         return list(self.model.layers)
+
+    @property
+    def mtp_layer(self) -> MTPBase:
+        """The (first) MTP layer: the drafter the trainer's chain loss and the draft replay apply."""
+        return self.model.mtp_layers[0]
 
     def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Last-layer hidden state BEFORE the final norm (what vLLM hands the MTP drafter)."""

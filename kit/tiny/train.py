@@ -47,7 +47,7 @@ def compute_losses(model: nn.Module, batch: torch.Tensor, chain: bool = True,
         out["mtp_distill"] = F.cross_entropy(mtp_logits[:, :T - 1].reshape(-1, V), teacher[:, 1:].reshape(-1, V))
     if chain:
         k1, v1 = kv[0]
-        layer = model.model.mtp_layers[0]
+        layer = model.mtp_layer
         m2 = layer.mtp_forward_chain(model.model.embed_tokens(batch[:, 2:T + 2]), pos + 1, m, k1, v1)
         chain_logits = model.mtp_logits(m2)
         out["chain"] = F.cross_entropy(chain_logits.reshape(-1, V), batch[:, 3:T + 3].reshape(-1))

@@ -1,4 +1,4 @@
-"""The three shipped trainers, each a corpus, a tokenizer, a model and :func:`kit.tiny.train.fit`:
+"""The four shipped trainers, each a corpus, a tokenizer, a model and :func:`kit.tiny.train.fit`:
 
 - ``tiny-mimo`` (:func:`train_tiny_mimo`): a byte-level BPE trained here on the standard-library corpus
   (:mod:`kit.tiny.corpus`), :class:`~kit.tiny.mimo.TinyMiMo` at the default :class:`~kit.tiny.config.ModelConfig`.
@@ -6,6 +6,9 @@
   ``weights.json`` copied unchanged) trained on the same corpus, documents joined as ``doc <|endoftext|>`` (the
   zoo tokenizer adds no BOS to prompts). The zoo model's seeded random weights give near-tie logits; trained, the
   logits are peaked, so a PP + MTP cell diverges only for reasons of speculation.
+- ``tiny-qwen3_5-trained`` (:func:`train_tiny_qwen3_5`): the zoo's ``tiny-qwen3_5`` (Gated-DeltaNet hybrid) the
+  same way, :class:`~kit.tiny.qwen3_5.TinyQwen3_5` (transformers' target plus the ``mtp.*`` drafter), stored in
+  bfloat16 as vLLM's CPU Gated-DeltaNet kernel requires, and evaluated as stored.
 - ``mimo-py-18m`` (:func:`train_mimo_py`): the MiMo layout at :data:`~kit.tiny.config.MIMO_PY_PRESET` (17.8 M
   parameters: large enough that the forward, not vLLM's fixed per-step cost, dominates a decode step) on the
   Python-source pack of :mod:`kit.tiny.pycorpus`, with ``tiny-mimo``'s tokenizer copied unchanged. On a GPU
@@ -22,13 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-from .config import EOS_ID, MODELS_DIR, DSConfig, TrainConfig, hf_config
+from .config import EOS_ID, MODELS_DIR, DSConfig, Qwen35Config, TrainConfig, hf_config
 
 TINY_MIMO_DIR = MODELS_DIR / "tiny-mimo"
 ZOO_DEEPSEEK_DIR = MODELS_DIR / "tiny-deepseek-v3"
 TINY_DEEPSEEK_DIR = MODELS_DIR / "tiny-deepseek-v3-trained"
+ZOO_QWEN_DIR = MODELS_DIR / "tiny-qwen3_5"
+TINY_QWEN_DIR = MODELS_DIR / "tiny-qwen3_5-trained"
 MIMO_PY_DIR = MODELS_DIR / "mimo-py-18m"
-# Copied unchanged from the zoo's tiny-deepseek-v3 (the config and tokenizer stay the zoo's).
+# Copied unchanged from the zoo model a trained one is based on (the config and tokenizer stay the zoo's).
 DEEPSEEK_COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                          "special_tokens_map.json", "weights.json")
 # Copied unchanged from tiny-mimo into mimo-py-18m.
@@ -92,13 +97,15 @@ def train_tiny_mimo(tc: TrainConfig, out: Path, command: str | None = None, log=
     return _finish(out, manifest, t_start, log)
 
 
-def train_tiny_deepseek(tc: TrainConfig, out: Path, zoo_dir: Path = ZOO_DEEPSEEK_DIR, command: str | None = None,
-                        log=print, q_rope: bool = True) -> dict:
-    """The zoo's DeepSeek-V3 architecture and tokenizer, trained on the standard-library corpus.
-    ``q_rope=False``: q's rope rows held at 0 (:data:`kit.tiny.deepseek.NO_Q_ROPE_NOTE`)."""
+def _train_zoo(tc: TrainConfig, out: Path, zoo_dir: Path, arch_cls, make_model, command: str | None, log,
+               extra: dict, store_dtype=None) -> dict:
+    """A zoo model (config, tokenizer and ``weights.json`` copied unchanged) trained on the standard-library
+    corpus, documents joined as ``doc <|endoftext|>``. ``store_dtype``: store the weights in it and evaluate
+    what is stored (rounded back to float32)."""
+    import torch
+
     from .checkpoint import copy_files, save_checkpoint
     from .corpus import TokenStream
-    from .deepseek import TIED, TinyDeepseekV3
     from .tokenizer import encode_docs
     from .train import deterministic, evaluate, fit
 
@@ -106,7 +113,7 @@ def train_tiny_deepseek(tc: TrainConfig, out: Path, zoo_dir: Path = ZOO_DEEPSEEK
     out = Path(out)
     deterministic(tc)
     copy_files(zoo_dir, out, DEEPSEEK_COPIED_FILES)
-    c = tc.model = DSConfig.from_hf(json.loads((zoo_dir / "config.json").read_text()))
+    c = tc.model = arch_cls.from_hf(json.loads((zoo_dir / "config.json").read_text()))
     train_files, val_files, train_texts, val_texts, corpus_sha256 = _stdlib_corpus(tc)
     tok = out / "tokenizer.json"
     eos = json.loads((zoo_dir / "generation_config.json").read_text())["eos_token_id"]
@@ -114,15 +121,20 @@ def train_tiny_deepseek(tc: TrainConfig, out: Path, zoo_dir: Path = ZOO_DEEPSEEK
                for k, v in (("train", train_texts), ("val", val_texts))}
     log(f"corpus: {len(train_files)} train files, {len(streams['train'])} tokens; "
         f"{len(val_files)} val files, {len(streams['val'])} tokens")
-    model = TinyDeepseekV3(c, q_rope=q_rope)
+    model = make_model(c)
     run = fit(model, streams["train"], tc, log)
+    sd = model.checkpoint_state_dict()
+    if store_dtype is not None:
+        sd = {k: v.to(store_dtype) for k, v in sd.items()}
+        with torch.no_grad():
+            model.load_state_dict(model.from_checkpoint({k: v.float() for k, v in sd.items()}))
     ev = evaluate(model, streams["val"], tc)
     log("eval: " + json.dumps(ev))
-    sha = save_checkpoint(model.checkpoint_state_dict(), out, weights_json=False)  # weights.json: the zoo's
+    sha = save_checkpoint(sd, out, weights_json=False)  # weights.json: the zoo's
     manifest = {
         "name": out.name, "command": command,
-        "based_on": "data/models/tiny-deepseek-v3 (config.json, tokenizer and weights.json copied unchanged)",
-        **run, "q_rope": q_rope, "tied_copies": {k.format(n=c.num_hidden_layers): v for k, v in TIED.items()},
+        "based_on": f"data/models/{zoo_dir.name} (config.json, tokenizer and weights.json copied unchanged)",
+        **run, **extra,
         "corpus": {"source": "CPython standard library *.py files (kit.tiny.corpus.corpus_files), zoo tokenizer, "
                              "documents joined as 'doc <|endoftext|>'",
                    "python_version": sys.version.split()[0],
@@ -130,6 +142,29 @@ def train_tiny_deepseek(tc: TrainConfig, out: Path, zoo_dir: Path = ZOO_DEEPSEEK
                    "val_files": len(val_files), "val_tokens": len(streams["val"]), "sha256": corpus_sha256},
         **ev, "model_safetensors_sha256": sha}
     return _finish(out, manifest, t_start, log)
+
+
+def train_tiny_deepseek(tc: TrainConfig, out: Path, zoo_dir: Path = ZOO_DEEPSEEK_DIR, command: str | None = None,
+                        log=print, q_rope: bool = True) -> dict:
+    """The zoo's DeepSeek-V3 architecture and tokenizer, trained on the standard-library corpus.
+    ``q_rope=False``: q's rope rows held at 0 (:data:`kit.tiny.deepseek.NO_Q_ROPE_NOTE`)."""
+    from .deepseek import TIED, TinyDeepseekV3
+
+    n = json.loads((zoo_dir / "config.json").read_text())["num_hidden_layers"]
+    return _train_zoo(tc, out, zoo_dir, DSConfig, lambda c: TinyDeepseekV3(c, q_rope=q_rope), command, log,
+                      {"q_rope": q_rope, "tied_copies": {k.format(n=n): v for k, v in TIED.items()}})
+
+
+def train_tiny_qwen3_5(tc: TrainConfig, out: Path, zoo_dir: Path = ZOO_QWEN_DIR, command: str | None = None,
+                       log=print) -> dict:
+    """The zoo's Qwen3.5 hybrid (Gated-DeltaNet + full attention + MTP) and tokenizer, trained on the
+    standard-library corpus, stored in bfloat16 (the dtype vLLM's CPU Gated-DeltaNet kernel runs)."""
+    import torch
+
+    from .qwen3_5 import TinyQwen3_5
+
+    return _train_zoo(tc, out, zoo_dir, Qwen35Config, TinyQwen3_5, command, log,
+                      {"storage_dtype": "bfloat16", "compute": "float32"}, store_dtype=torch.bfloat16)
 
 
 def _device_info(device: str) -> dict:
