@@ -179,6 +179,10 @@ def _decode(forward: dict, max_tokens: int = 9) -> bool:
     return all(n <= max_tokens for n, _ in forward["reqs"].values())
 
 
+def _inside(inner: dict | None, outer: dict | None) -> bool:
+    return bool(inner and outer and outer["t0"] <= inner["t0"] and inner["t1"] <= outer["t1"])
+
+
 def summary(events: list[dict]) -> dict:
     """Where a decode step's time goes, from :func:`merge`'d events of one run (all ranks).
 
@@ -189,7 +193,8 @@ def summary(events: list[dict]) -> dict:
     - ``period``: rank 0's start of one step to its start of the next;
     - ``path``: the parts of the critical path from one step's start to the next's: rank 0's forward (``first``),
       the hand-over to the next stage (``send``), the last rank's forward after its input arrived (``last``;
-      at PP=1 ``first`` is the whole forward), the sample, the drafter (``propose``), the drafts' collection by
+      at PP=1 ``first`` is the whole forward), the sample, the drafter (``propose``; vLLM's V1 runner calls it
+      inside ``sample_tokens``, and ``sample`` is then the rest of that call), the drafts' collection by
       the engine core (``handoff``: the drafts leave the last rank) and the rest until rank 0 starts the next step
       (``back``: the engine core's output processing and scheduling, empty steps, the trip to the workers);
     - ``stages``: per rank, ``busy`` (forward computing, plus sample and drafter on the last rank), ``recv`` (waiting
@@ -222,7 +227,8 @@ def summary(events: list[dict]) -> dict:
         recv = (f["hidden_in"] - f["t0"]) if f.get("hidden_in") else 0.0
         extra = 0.0
         if r == last:
-            extra = sum(e["t1"] - e["t0"] for e in (by[s]["sample"], by[s]["propose"]) if e)
+            sm, pr = by[s]["sample"], by[s]["propose"]
+            extra = sum(e["t1"] - e["t0"] for e in (sm, pr) if e and not (e is pr and _inside(pr, sm)))
         return f["t1"] - f["t0"] - recv + extra, recv
 
     periods = [by[b]["forward"][first]["t0"] - by[a]["forward"][first]["t0"] for a, b in pairs]
@@ -237,11 +243,20 @@ def summary(events: list[dict]) -> dict:
             path["send"].append(start_last - f0["t1"])
             path["last"].append(fl["t1"] - start_last)
         end = fl["t1"]
-        for kind in ("sample", "propose", "handoff"):
-            e = v[kind]
-            if e is not None:
-                path[kind].append(e["t1"] - end)
-                end = e["t1"]
+        sm, pr = v["sample"], v["propose"]
+        if sm is not None and pr is not None and _inside(pr, sm):
+            # vLLM's V1 runner proposes inside sample_tokens: the sample part is what is left around the drafter.
+            path["sample"].append(sm["t1"] - end - (pr["t1"] - pr["t0"]))
+            path["propose"].append(pr["t1"] - pr["t0"])
+            end = sm["t1"]
+        else:
+            for e, kind in ((sm, "sample"), (pr, "propose")):
+                if e is not None:
+                    path[kind].append(e["t1"] - end)
+                    end = e["t1"]
+        if v["handoff"] is not None:
+            path["handoff"].append(v["handoff"]["t1"] - end)
+            end = v["handoff"]["t1"]
         path["back"].append(by[b]["forward"][first]["t0"] - end)
         if v["handoff"] is not None:
             waits.append(v["handoff"]["t1"] - f0["t0"])
@@ -304,3 +319,32 @@ def summary_line(label: str, t: dict) -> str:
             f"| {t.get('reqs_per_step') or 0:.2f} | {ms(t.get('period'))} | "
             + " | ".join(ms(p.get(k)) for k in ("first", "send", "last", "sample", "propose", "handoff", "back"))
             + f" | {st} | {fl.get('overlap_steps', 0)} ({'-' if ov is None else f'{ov:.0%}'}) | {ms(t.get('engine_wait'))} |")
+
+
+def load_traces(path: str) -> list[dict]:
+    """The rows ``kit bench --timeline --save-trace FILE`` appended (``FILE`` may be gzipped)."""
+    import gzip
+    import json
+
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kit.steptrace FILE``: the timeline table of every run saved with ``--save-trace``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m kit.steptrace", description=main.__doc__)
+    p.add_argument("file", help="JSONL (or .jsonl.gz) written by kit bench --timeline --save-trace")
+    args = p.parse_args(argv)
+    rows = load_traces(args.file)
+    several = len({r.get("model") for r in rows}) > 1
+    print("\n".join(TIMELINE_HEAD))
+    for r in rows:
+        print(summary_line(f"{r['model']} {r['topology']}" if several else r["topology"], summary(r["events"])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

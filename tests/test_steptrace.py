@@ -75,3 +75,19 @@ def test_summary_leaves_prefills_and_group_boundaries_out():
     t = steptrace.summary(ev)
     assert t["decode_steps"] == 3
     assert t["period"] == pytest.approx(12.0)   # only the 0 -> 2 pair; 2 -> 3 (prefill) and 3 -> 4 are left out
+
+
+def test_a_proposal_inside_the_sample_call_is_counted_once():
+    """vLLM 0.32's V1 runner runs the drafter inside sample_tokens: the path splits that call, busy counts it once."""
+    ev = _serial_pp2_with_drafts()
+    for e in ev:
+        if e["kind"] == "propose":
+            e["t0"] -= 0.5
+            e["t1"] -= 1.25       # propose 1.25 long, inside the sample call, which now spans 7.0 .. 8.75 + ...
+        if e["kind"] == "sample":
+            e["t1"] += 2.0        # sample 7.0 .. 10.0 around propose 7.5 .. 8.75
+    t = steptrace.summary(sorted(ev, key=lambda e: e["t0"]))
+    p = t["path"]
+    assert (p["sample"], p["propose"], p["handoff"]) == pytest.approx((3.0 - 1.25, 1.25, 0.5))
+    assert sum(p.values()) == pytest.approx(t["period"])
+    assert t["stages"][1]["busy"] == pytest.approx(3.0 + 3.0)   # forward 3.0 + the sample call 3.0, drafter inside
