@@ -143,8 +143,9 @@ def test_glm4_moe_pp4_stage_of_dense_layers_starts(patched, no_leftovers):
 
 @pytest.mark.slow
 def test_engine_step_patch_keeps_tokens_and_fills_every_step(no_leftovers):
-    """pp_spec_engine_step off (default): a computed step alternates with an empty one (every request in flight);
-    on: no empty step, no request held out, and the tokens are still the PP=1 reference's."""
+    """pp_spec_engine_step off (default): the batch queue schedules while a step is in flight, so a step comes out
+    empty (every request in flight) or without the in-flight requests (held out; a batch split at arrival stays
+    split); on: neither, and the tokens are still the PP=1 reference's."""
     from kit import steptrace
 
     prompts = _prompts()
@@ -160,6 +161,7 @@ def test_engine_step_patch_keeps_tokens_and_fills_every_step(no_leftovers):
         assert first_divergence(ref, r) is None, (patches_env, first_divergence(ref, r))
         seen[patches_env] = steptrace.summary(steptrace.merge(res["jobs"][2]))
     off, on = seen["all"], seen["all,pp_spec_engine_step"]
-    assert off["empty_steps"] > 0, off
+    # Recorded run (8 prompts at once): off had 0 empty steps and 304 requests held out (the batch split).
+    assert off["empty_steps"] + off["held_out"] > 0, off
     assert on["empty_steps"] == 0 and on["held_out"] == 0, on
     assert on["decode_steps"] <= off["decode_steps"], (on, off)
