@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ from .engine import run as run_engine
 from .procs import leftover_vllm_processes
 # aggregate and payoff_rows are also imported from here (notebook 05).
 from .bench_table import (TABLE_HEAD, _describe, aggregate, breakdown_lines, load_runs, payoff_rows,  # noqa: F401
-                          save_run, table_line)
+                          save_run, table_line, timeline_lines)
 from .results import block_key, check_writable, command_line, machine, versions, write_block
 from .topology import Topology, TopologyError
 from .validate import arg_count
@@ -37,14 +38,17 @@ def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | Non
 
 
 def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: dict | None = None,
-                    batches: list[int] | None = None, timing: bool = False) -> dict[int, dict]:
+                    batches: list[int] | None = None, timing: bool = False, trace: bool = False) -> dict[int, dict]:
     """One fresh engine, each batch size in turn: the prompts submitted ``batch`` at a time (one ``generate``
     call per group, the next after the previous finished), decode tokens/s over all groups.
 
     ``timing``: the workers record their step spans during each batch size's groups
     (:func:`kit.workerext.kit_timing_start`), reduced to per-step components (:func:`kit.payoff.step_components`).
+    ``trace``: every step on every rank is traced during each batch size's groups (:mod:`kit.steptrace`); the row
+    gets the run's :func:`kit.steptrace.summary` under ``timeline`` and the merged events under ``trace_events``.
     Returns ``{batch: row}``.
     """
+    from . import steptrace
     from .payoff import step_components
 
     batches = batches or [len(prompts)]
@@ -52,10 +56,15 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
     for b in batches:
         if timing:
             jobs.append({"kind": "rpc", "method": "kit_timing_start"})
+        if trace:
+            jobs.append({"kind": "rpc", "method": "kit_trace_start"})
         jobs += [{"kind": "generate", "prompts": g, "max_tokens": max_tokens} for g in _groups(prompts, b)]
+        if trace:
+            jobs.append({"kind": "rpc", "method": "kit_trace_read"})
         if timing:
             jobs.append({"kind": "rpc", "method": "kit_timing_read"})
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    load = round(os.getloadavg()[0], 2)  # the shared machine's 1-minute load as this engine starts
     res = run_engine(topo, jobs, env=env)
     out_jobs = list(res["jobs"])
     first = out_jobs.pop(0)
@@ -64,7 +73,10 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
     for b in batches:
         if timing:
             out_jobs.pop(0)  # kit_timing_start's answer
+        if trace:
+            out_jobs.pop(0)  # kit_trace_start's answer
         groups = [out_jobs.pop(0) for _ in _groups(prompts, b)]
+        events = steptrace.merge(out_jobs.pop(0)) if trace else None
         reads = out_jobs.pop(0) if timing else None
         n = sum(len(t) for g in groups for t in g["token_ids"])
         drafts = sum(g["spec"]["num_drafts"] for g in groups)
@@ -73,6 +85,7 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
         # tokens/forward = n / (n - accepted) when every step drafts.
         rows[b] = {
             "started_at": started,
+            "load_1min": load,
             "start_s": res["start_seconds"],
             "ttft_s": first["seconds"],
             "decode_tok_s": n / sum(g["seconds"] for g in groups),
@@ -81,6 +94,9 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
             "peak_rss_mib": {kk: round(v / 2**20) for kk, v in res["peak_rss"].items()},
             "components": step_components(reads, k, b) if reads else None,
         }
+        if trace:
+            rows[b]["timeline"] = steptrace.summary(events)
+            rows[b]["trace_events"] = events
     return rows
 
 
@@ -219,23 +235,34 @@ def register(sub) -> None:
     p.add_argument("--breakdown", action="store_true",
                    help="time every decode step on every rank and print the step costs, predicted against measured "
                         "speed-up and the break-even acceptance rate (kit.payoff; needs --batch)")
+    p.add_argument("--timeline", action="store_true",
+                   help="trace every step on every rank (kit.steptrace) and print where a decode step's time goes: "
+                        "the critical path, busy/recv/idle per stage, micro-batches in flight, empty steps, requests "
+                        "held out, the engine core's wait for the drafts (needs --batch)")
+    p.add_argument("--save-trace", default=None, metavar="FILE",
+                   help="with --timeline: append each row's merged step events to FILE (JSONL)")
     p.add_argument("--json", action="store_true", help="print the rows as one JSON list, the last line of output")
     p.add_argument("--write-json", default=None, metavar="FILE", help="also write the rows (with header data) to FILE")
     p.add_argument("--save-runs", default=None, metavar="FILE",
                    help="append every engine run to FILE (JSONL), for --from-runs")
-    p.add_argument("--from-runs", default=None, metavar="FILE[,FILE...]",
-                   help="start no engine: merge the runs saved with --save-runs into one table")
+    p.add_argument("--from-runs", default=None, metavar="FILE[@MODEL][,...]",
+                   help="start no engine: merge the runs saved with --save-runs into one table (FILE@MODEL: only that model's runs from FILE)")
 
 
 def run(args: argparse.Namespace) -> int:
     from .pd import choose_connector, pd_topologies
 
     argv = list(getattr(args, "argv", None) or [])
-    for flag, path in (("--write", args.write), ("--write-json", args.write_json), ("--save-runs", args.save_runs)):
+    for flag, path in (("--write", args.write), ("--write-json", args.write_json), ("--save-runs", args.save_runs),
+                       ("--save-trace", args.save_trace)):
         if path and (why := check_writable(path)):
             raise TopologyError(why.replace("--write", flag, 1))
     if args.breakdown and not args.batch and not args.from_runs:
         raise TopologyError("--breakdown needs --batch (the step model is per batch size), e.g. --batch 1,4")
+    if args.timeline and not args.batch and not args.from_runs:
+        raise TopologyError("--timeline needs --batch (a timeline per batch size), e.g. --batch 1,4")
+    if args.save_trace and not args.timeline:
+        raise TopologyError("--save-trace needs --timeline")
     pd_cases = parse_pd_cases(args.pd)
     extra_env = parse_assignments(args.env, "--env")
     prompts = read_prompts(args)
@@ -309,9 +336,16 @@ def run(args: argparse.Namespace) -> int:
                     records.append({**_describe(label, topo[1], None), **measure_pd(*topo, prompts, args.max_tokens)})
                 else:
                     env = {**(env or {}), **extra_env} or None
-                    per_batch = measure_batches(topo, prompts, args.max_tokens, env=env, batches=batches, timing=timing)
+                    per_batch = measure_batches(topo, prompts, args.max_tokens, env=env, batches=batches, timing=timing,
+                                                trace=args.timeline)
+                    # Extra environment is part of the row's name: runs with and without it never merge.
+                    shown = label + "".join(f" [{kk}={vv}]" for kk, vv in extra_env.items() if f"{kk}=" not in label)
                     for b, r in per_batch.items():
-                        records.append({**_describe(label, topo, b if batches else None), **r})
+                        events = r.pop("trace_events", None)
+                        records.append({**_describe(shown, topo, b if batches else None), **r})
+                        if args.save_trace and events is not None:
+                            save_run(args.save_trace, {"topology": records[-1]["topology"], "model": topo.model,
+                                                       "env": env, "events": events})
                         if args.save_runs:
                             save_run(args.save_runs, records[-1])
             except Exception as e:  # noqa: BLE001 - a failed case is a row
@@ -324,6 +358,10 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         out.append(table_line(r))
         print(out[-1], flush=True)
+    if args.timeline:
+        lines = timeline_lines(records)
+        print("\n".join(lines), flush=True)
+        out += lines
     if args.breakdown:
         lines = breakdown_lines(rows)
         print("\n".join(lines), flush=True)

@@ -32,17 +32,21 @@ def save_run(path: str, record: dict) -> None:
 
 
 def load_runs(paths: str) -> list[dict]:
-    """The run records of comma-separated JSONL files written by ``--save-runs``."""
+    """The run records of comma-separated JSONL files written by ``--save-runs``; ``FILE@MODEL`` takes only
+    that model's runs from FILE (to combine one model's rows from one file with another model's from another)."""
     records = []
-    for p in [x for x in paths.split(",") if x]:
+    for entry in [x for x in paths.split(",") if x]:
+        p, _, only = entry.partition("@")
         if not Path(p).is_file():
             raise TopologyError(f"--from-runs: {p} does not exist")
         for n, line in enumerate(Path(p).read_text().splitlines(), 1):
             if line.strip():
                 try:
-                    records.append(json.loads(line))
+                    rec = json.loads(line)
                 except json.JSONDecodeError:
                     raise TopologyError(f"--from-runs: {p}:{n} is not JSON") from None
+                if not only or rec.get("model") == only:
+                    records.append(rec)
     return records
 
 
@@ -163,3 +167,20 @@ def breakdown_lines(rows: list[dict], ks: tuple[int, ...] = (1, 2, 3, 4)) -> lis
                 if (r["model"], r["pp"], r.get("batch")) == (model, pp, batch):
                     r["costs"] = c.to_dict()
     return lines
+
+
+def timeline_lines(records: list[dict]) -> list[str]:
+    """The ``--timeline`` table: one line per traced engine run (:func:`kit.steptrace.summary`)."""
+    from .steptrace import TIMELINE_HEAD, summary_line
+
+    runs = [r for r in records if r.get("timeline")]
+    if not runs:
+        return []
+    several = len({r["model"] for r in runs}) > 1
+    return ["", "Timeline per engine run (kit.steptrace; decode steps only; ms per step): period = rank 0's start to "
+            "its next start; the critical path rank-0 forward, send to the next stage, last-rank forward, sample, "
+            "drafter, drafts collected (handoff), back to rank 0's next start; per stage busy / waiting for the "
+            "previous stage / idle; steps that started while the previous one still ran on the last rank (time two "
+            "stages computed at once / rank 0's forward); the engine core's least wait in post_step (rank 0's start "
+            "to the drafts leaving the last rank).", "", *TIMELINE_HEAD,
+            *(summary_line(f"{r['model']} {r['topology']}" if several else r["topology"], r["timeline"]) for r in runs)]

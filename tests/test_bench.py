@@ -57,6 +57,9 @@ def test_several_models_are_named_in_the_rows(tmp_path, capsys):
     assert main(["bench", "--from-runs", f"{p},{q}", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert [r["label"] for r in rows][:2] == ["m pp1 none b1", "m pp1 mtp:1 b1"] and len(rows) == 6
+    assert main(["bench", "--from-runs", f"{p}@n,{q}@n", "--json"]) == 0   # FILE@MODEL: that model's runs only
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["label"] for r in rows] == ["pp1 none b1", "pp1 mtp:1 b1", "pp1 mtp:2 b1"] and rows[0]["runs"] == 2
 
 
 @pytest.mark.parametrize("argv", [
@@ -65,7 +68,24 @@ def test_several_models_are_named_in_the_rows(tmp_path, capsys):
     ["--batch", "1,x"],
     ["--from-runs", "/nonexistent/runs.jsonl"],
     ["--save-runs", "/nonexistent/dir/runs.jsonl"],
+    ["--timeline"],                           # needs --batch
+    ["--batch", "1", "--save-trace", "/tmp/x.jsonl"],   # needs --timeline
 ])
 def test_bad_input_exits_2(argv, capsys):
     assert main(["bench", *argv, "--force"]) == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_from_runs_timeline_prints_one_line_per_traced_run(tmp_path, capsys):
+    from tests.test_steptrace import _serial_pp2_with_drafts
+    from kit import steptrace
+
+    rec = _record("m", 2, 2, 1, 100.0, 2.5, 0.012, 0.006, 0.002)
+    rec["topology"] = "pp2 mtp:2 b1 [KIT_PATCHES=all,-pp_spec_schedule_gate]"
+    rec["timeline"] = steptrace.summary(_serial_pp2_with_drafts())
+    p = tmp_path / "runs.jsonl"
+    p.write_text(json.dumps(rec) + "\n")
+    assert main(["bench", "--from-runs", str(p), "--timeline"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| pp2 mtp:2 b1 [KIT_PATCHES")]
+    assert len(lines) == 2     # the rows table and the timeline table
+    assert lines[1].startswith("| pp2 mtp:2 b1 [KIT_PATCHES=all,-pp_spec_schedule_gate] | 6 | 5 | 0 |")

@@ -13,7 +13,9 @@ from kit.patches.pp_spec_token_history import fill_history
 def test_selection(monkeypatch):
     reg = patches.registry()
     monkeypatch.setenv("KIT_PATCHES", "all")
-    assert patches.selected_names() == [n for n, p in reg.items() if not p.teaching_only]
+    assert patches.selected_names() == [n for n, p in reg.items() if not (p.teaching_only or p.opt_in)]
+    monkeypatch.setenv("KIT_PATCHES", "all,pp_spec_engine_step")   # an opt-in patch is on only when named
+    assert "pp_spec_engine_step" in patches.selected_names()
     monkeypatch.setenv("KIT_PATCHES", "none")
     assert patches.selected_names() == []
     monkeypatch.setenv("KIT_PATCHES", "all,-pp_spec_schedule_gate")
@@ -36,7 +38,10 @@ def test_every_patch_is_documented():
         assert isinstance(p.runner, patches.Runner) and isinstance(p.kind, patches.Kind), p.name
         assert all(":" in s for s in p.symbols), (p.name, p.symbols)
         assert all(t.startswith("tests/test_") and "::" in t for t in p.tests), (p.name, p.tests)
-        if not p.teaching_only and not p.report_only:
+        if p.opt_in:
+            for word in ("What it changes", "Upstream", "Turn on"):
+                assert word in doc, (p.name, word)
+        elif not p.teaching_only and not p.report_only:
             for word in ("What breaks without it", "Upstream", "Turn off"):
                 assert word in doc, (p.name, word)
         assert "findings note" not in doc and "findings note" not in p.upstream, p.name

@@ -65,6 +65,7 @@ INDEX: tuple[str, ...] = (
     "pp_spec_schedule_gate",
     "pp_spec_token_history",
     "pp_spec_hybrid_accepted_count",
+    "pp_spec_engine_step",      # opt-in
     "eagle3_aux_hidden_states_over_pp",
     "glm4_moe_dense_stage",
     # PD disaggregation with NIXL
@@ -133,6 +134,7 @@ class Patch:
     needed: Callable[[], "bool | str"]
     findings: str = ""            # anchor in docs/findings.md with the investigation behind it
     teaching_only: bool = False   # off by default: reproduces old behaviour for teaching
+    opt_in: bool = False          # off by default: a measured trade-off rather than a fix, named to turn it on
     # Nothing to apply (the fix is upstream); not evaluated at plugin load, where its detection would cost
     # every process start-up time (draft_pp_gate: ~1.3 s), only by `kit doctor`.
     report_only: bool = False
@@ -232,7 +234,7 @@ def selected_names(spec: str | None = None) -> list[str]:
         return []
     reg = registry()
     known = set(INDEX)
-    defaults = [n for n in INDEX if not (reg[n].teaching_only if n in reg else False)]
+    defaults = [n for n in INDEX if not ((reg[n].teaching_only or reg[n].opt_in) if n in reg else False)]
     chosen: list[str] = []
     for item in [s.strip() for s in spec.split(",") if s.strip()]:
         if item == "all":
@@ -423,6 +425,6 @@ def report() -> list[dict]:
         if p is not None:
             row.update(summary=p.summary, upstream=p.upstream, target=p.target,
                        processes=sorted(k.value for k in p.processes), runner=p.runner.value, kind=p.kind.value,
-                       teaching_only=p.teaching_only, report_only=p.report_only)
+                       teaching_only=p.teaching_only, opt_in=p.opt_in, report_only=p.report_only)
         rows.append(row)
     return rows

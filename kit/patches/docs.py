@@ -90,6 +90,8 @@ def _procs(p: Patch) -> str:
 def _default(p: Patch) -> str:
     if p.teaching_only:
         return "teaching only (off)"
+    if p.opt_in:
+        return "opt-in (off)"
     if p.report_only:
         return "report only"
     return "on"
@@ -112,7 +114,7 @@ def render() -> str:
                    f"| {p.kind.value} | {_default(p)} |")
     out.append("")
     for p in reg.values():
-        turn = (f"`{ENV_SELECT}=all,{p.name}` (off by default)" if p.teaching_only else
+        turn = (f"`{ENV_SELECT}=all,{p.name}` (off by default)" if p.teaching_only or p.opt_in else
                 "nothing to turn off (report only)" if p.report_only else f"`{ENV_SELECT}=all,-{p.name}`")
         symbols = "\n".join(f"  - `{s}`" for s in p.symbols) or "  - none (nothing in vLLM is replaced)"
         tests = "\n".join(f"  - `{t}`" if " " not in t else f"  - `{t.split(' ', 1)[0]}` {t.split(' ', 1)[1]}"
