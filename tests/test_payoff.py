@@ -132,6 +132,7 @@ def test_predict_flags_rows_outside_the_band():
     assert out[0]["agrees"] and not out[1]["agrees"]
 
 
+@pytest.mark.slow  # the default selection: notebook 05's live run times the same spans and checks the prediction
 @pytest.mark.engine
 def test_breakdown_measures_a_real_engine(no_leftovers):
     """One small PP=1 mtp:1 engine with the step timers on: the spans add up to the wall clock of the decode."""
