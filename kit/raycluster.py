@@ -133,7 +133,7 @@ class LocalRayCluster:
     start_attempts: int = 3
     fast_imports: bool = True
     temp_dir: str | None = None
-    keep_logs: bool = True
+    keep_logs: bool = False  # True keeps the temp dir (node logs, Ray's session) after stop(), for debugging
     nodes: list[RayNode] = field(default_factory=list)
     started: bool = False
 

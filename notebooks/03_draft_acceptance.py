@@ -10,7 +10,7 @@
 # # How many drafts are accepted, per position, and does PP change that?
 #
 # **The question:** with the trained `tiny-mimo` (one MTP layer, trained to predict the token after next),
-# how often is each draft position accepted for k = 1..4, and are the counts the same at PP=1 and PP=2?
+# how often is each draft position accepted for k = 1, 2, 3, and are the counts the same at PP=1 and PP=2?
 # They must be: with greedy decoding, acceptance depends only on the model, not on how it is split.
 
 # %% tags=["parameters"]
