@@ -123,6 +123,8 @@ CASES: list[Case] = [
         "drops the producer's pp_size"),
     cli("--router unknown", f"{P} --router nginx", "argument --router: invalid choice"),
     cli("--prompts a directory", f"{P} --prompts {TMP}/dir", "is a directory"),
+    cli("--api-key empty", f"{P} --api-key ''", "--api-key: api_key must be a non-empty string"),
+    cli("--api-key with a space", f"{P} --api-key 'a b'", "--api-key: api_key must be a non-empty string"),
     # kit bench
     cli("--pp 0 in the grid", f"{B} --pp 0", "pp must be an integer >= 1"),
     cli("--pp not integers", f"{B} --pp 1,x", "--pp wants comma-separated integers"),

@@ -160,3 +160,27 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     assert rc == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["kit compare: interrupted (Ctrl-C); the vLLM processes it started are ended"], err
+
+
+def test_pd_api_key_reaches_both_servers_from_flag_or_environment(monkeypatch, capsys):
+    """``kit pd --api-key`` (or ``$KIT_API_KEY``) is handed to the pair (both servers and the routers use it);
+    the run itself is replaced here: the key's effect on live servers is tests/test_pd.py's loopback test."""
+    import json
+
+    from kit import cli
+    from kit.pd import cli as pd_cli
+
+    seen = []
+
+    def fake_compare(*args, **kwargs):
+        seen.append(kwargs.get("api_key"))
+        return {"identical": True, "handoff_ok": True}
+
+    monkeypatch.setattr(pd_cli, "pd_compare", fake_compare)
+    assert cli.main(["pd", "--model", MODEL, "--random", "--api-key", "s3cret", "--json"]) == 0
+    monkeypatch.setenv("KIT_API_KEY", "from-env")
+    assert cli.main(["pd", "--model", MODEL, "--random", "--json"]) == 0
+    monkeypatch.delenv("KIT_API_KEY")
+    assert cli.main(["pd", "--model", MODEL, "--random", "--json"]) == 0
+    assert seen == ["s3cret", "from-env", None]
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["identical"] is True

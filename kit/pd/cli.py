@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ..command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens,
                        parse_assignments, read_prompts)
 from ..engine import EngineError
+from ..httpclient import check_api_key
 from ..topology import Spec, TopologyError
 from .client import PDError
 from .compare import pd_compare
@@ -48,10 +50,17 @@ def register(sub) -> None:
     p.add_argument("--kv-extra", action="append", default=[], metavar="KEY=VALUE",
                    help="a kv_connector_extra_config entry for both servers (VALUE read as JSON when it parses), "
                         "e.g. enforce_handshake_compat=false; repeatable")
+    p.add_argument("--api-key", default=os.environ.get("KIT_API_KEY"), metavar="KEY",
+                   help="both servers answer /v1/* only with this key (vLLM's VLLM_API_KEY); the router sends it. "
+                        "Default: $KIT_API_KEY (an environment variable keeps the key out of the process list)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        check_api_key(args.api_key)
+    except ValueError as e:
+        raise TopologyError(f"--api-key: {e}") from None
     if args.concurrency < 1:
         raise TopologyError(f"--concurrency must be >= 1, got {args.concurrency}")
     prod, cons = pd_topologies(args.model, args.producer_pp, Spec.parse(args.producer_spec), args.consumer_pp,
@@ -68,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         d = pd_compare(prod, cons, prompts, max_tokens=args.max_tokens, stream=args.stream,
                        concurrency=args.concurrency, connector=connector, timeout=args.timeout,
-                       colocated=args.colocated_acceptance, kv_extra_config=kv_extra, router=args.router)
+                       colocated=args.colocated_acceptance, kv_extra_config=kv_extra, router=args.router,
+                       api_key=args.api_key)
     except (EngineError, PDError) as e:
         print(f"kit pd: failed: {e}", file=sys.stderr)
         if args.json:

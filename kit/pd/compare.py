@@ -41,7 +41,7 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
                stream: bool = False, concurrency: int = 1, reference: GenerationResult | None = None,
                connector: str | None = None, timeout: float = 900.0, log_dir: Path | str | None = None,
                env: dict[str, str] | None = None, colocated: bool = False,
-               kv_extra_config: dict | None = None, router: str = "auto") -> dict:
+               kv_extra_config: dict | None = None, router: str = "auto", api_key: str | None = None) -> dict:
     """Run the prompts through a PD pair and compare the consumer's tokens with the PP=1 no-spec reference.
 
     The reference (``kit.engine.generate(consumer.reference(), ..., top2=True)``) runs first, in its own
@@ -55,6 +55,7 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     the end-to-end time and the consumer's answer are seen), ``"kit"`` (:meth:`PDPair.complete`: the producer's
     answer and the prefill/decode split of each request's time are recorded too), or ``"auto"``: vllm-router for
     the pull connector, the kit's router for push (:func:`~kit.pd.vllm_router.choose_router`).
+    ``api_key``: both servers answer ``/v1/*`` only with this key (vLLM's ``VLLM_API_KEY``); the routers send it.
     """
     prompts = check_generation(prompts, max_tokens, timeout)
     if router not in ROUTERS:  # before the reference engine starts
@@ -62,7 +63,7 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     check_count(concurrency, "concurrency")
     # Built first: PDPair checks the pair (models, PP sizes, decode-side rule) before any process starts.
     pair = PDPair(producer, consumer, connector=connector, start_timeout=timeout, log_dir=log_dir, env=env,
-                  kv_extra_config={**DEFAULT_KV_EXTRA_CONFIG, **(kv_extra_config or {})})
+                  kv_extra_config={**DEFAULT_KV_EXTRA_CONFIG, **(kv_extra_config or {})}, api_key=api_key)
     router, router_reason = choose_router(router, pair.connector, producer.pp)
     t_ref = None
     if reference is None:
