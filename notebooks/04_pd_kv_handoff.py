@@ -95,8 +95,10 @@ display(table)
 # %%
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
-fig = make_subplots(rows=1, cols=2, subplot_titles=("KV bytes per request: measured vs model shape",
-                                                    "each request's timeline (s, measured by the router)"))
+# Two-line subplot titles and a wide gap: on one line the two titles ran into each other.
+fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
+                    subplot_titles=("KV bytes per request:<br>measured vs model shape",
+                                    "each request's timeline<br>(s, measured by the router)"))
 fig.add_trace(go.Bar(x=table.index, y=table["KV bytes measured"], name="measured (connector)"), row=1, col=1)
 fig.add_trace(go.Bar(x=table.index, y=table["KV bytes expected"], name="expected (shape)"), row=1, col=1)
 colors = {"producer prefill": "#3182bd", "consumer: KV in + first token": "#e6550d", "consumer decode": "#31a354",
@@ -115,7 +117,9 @@ for r in d["timings"]["per_request"]:
                              marker_color=colors[name], legendgroup=name, showlegend=name not in shown, offsetgroup="timeline",
                              hovertemplate=f"{name}: %{{x:.3f}} s<extra></extra>"), row=1, col=2)
         shown.add(name)
-fig.update_layout(barmode="group", height=380, title=f"{producer.label()}  ->  {consumer.label()}  ({d['connector_class']})")
+fig.update_layout(barmode="group", height=420, margin=dict(t=110),
+                  title=f"{producer.label()}  ->  {consumer.label()}  ({d['connector_class']})",
+                  legend=dict(orientation="h", y=-0.18))
 fig.update_yaxes(autorange="reversed", row=1, col=2)
 fig.show()
 
