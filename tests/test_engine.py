@@ -19,7 +19,9 @@ PROMPTS = ["def add(a, b):\n    return", "import os\n"]
 def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
     log = tmp_path / "plugin.jsonl"
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
-    r = engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCH_LOG": str(log)})
+    # vLLM's own process layout (a separate engine core, as `vllm serve` runs it); kit.engine's default runs the
+    # engine core inside the runner, which then applies every kind (kit.vllm_process, tests/test_patches.py).
+    r = engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCH_LOG": str(log), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
     assert all(len(x) == 4 for x in r.token_ids)
     recs = [json.loads(l) for l in log.read_text().splitlines()]
     # The runner (front end), the engine core and both PP workers loaded the plugin, without a failure, and
