@@ -57,11 +57,17 @@ def _summary(vals: list) -> dict | None:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
 
 
-def aggregate(records: list[dict]) -> list[dict]:
-    """One row per (model, topology) in first-seen order: median/min/max over its engines; the mean step
-    components where the runs were timed (``--breakdown``)."""
-    from .payoff import mean_components
+def median_engine(runs: list[dict]) -> dict:
+    """The run with the median decode tok/s (the lower one of the middle two for an even count). Its step
+    components stand for the row: on a shared machine one disturbed engine would pull a mean of the components
+    away from the median speed the row reports, and the prediction would then miss a speed no engine showed."""
+    ranked = sorted(runs, key=lambda r: r["decode_tok_s"])
+    return ranked[(len(ranked) - 1) // 2]
 
+
+def aggregate(records: list[dict]) -> list[dict]:
+    """One row per (model, topology) in first-seen order: median/min/max over its engines; where the runs were
+    timed (``--breakdown``), the step components of the median engine (by decode tok/s)."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["model"], r["topology"]), []).append(r)
@@ -78,7 +84,7 @@ def aggregate(records: list[dict]) -> list[dict]:
             "mean_accept_len": (_summary([r["mean_accept_len"] for r in rs]) or {}).get("median"),
             "tokens_per_target_forward": (_summary([r["tokens_per_target_forward"] for r in rs]) or {}).get("median"),
             "peak_rss_mib": max((max(r["peak_rss_mib"].values(), default=0) for r in rs), default=0),
-            "components": mean_components([r.get("components") for r in rs]),
+            "components": median_engine(rs).get("components"),
         })
     return rows
 
@@ -115,7 +121,7 @@ def breakdown_lines(rows: list[dict], ks: tuple[int, ...] = (1, 2, 3, 4)) -> lis
     from .payoff import costs_by_group, predict
 
     ms = lambda x: f"{1e3 * x:.2f}"  # noqa: E731
-    lines = ["", "Per decode step (mean over the row's engines; ms): the step period on the last rank, the target "
+    lines = ["", "Per decode step (the row's median engine by decode tok/s; ms): the step period on the last rank, the target "
              "forward summed over the stages (per stage), the later stages' wait for the previous one, the drafter, "
              "and the rest (fixed = period - forward - draft); per stage the share of the decode window spent in "
              "forward + draft (busy) and waiting (recv); forward overlap = time two stages computed at once / "

@@ -220,7 +220,7 @@ def predict(rows: list[dict], tolerance: float = 0.15) -> list[dict]:
 
     ``rows``: dicts with ``model``, ``pp``, ``batch``, ``k`` (0 = no speculation), ``decode_tok_s`` (a number: the
     median), ``tokens_per_forward`` (the measured mean acceptance length; 1 without speculation) and
-    ``components`` (:func:`step_components`, the mean over the row's engines). The model is fitted per (model, PP,
+    ``components`` (:func:`step_components` of the row's median engine). The model is fitted per (model, PP,
     batch) group; a row agrees when ``|predicted / measured - 1| <= tolerance``.
     """
     groups: dict[tuple, dict[int, dict]] = {}
@@ -253,15 +253,3 @@ def costs_by_group(rows: list[dict]) -> dict[tuple, Costs]:
         if r.get("components") is not None:
             groups.setdefault((r["model"], r["pp"], r["batch"]), {})[r["k"]] = r["components"]
     return {g: fit_costs(c, batch=g[2], pp=g[1]) for g, c in sorted(groups.items()) if 0 in c}
-
-
-def mean_components(runs: list[dict]) -> dict | None:
-    """The mean of several engines' :func:`step_components` (numbers only; the first run's timeline)."""
-    runs = [r for r in runs if r]
-    if not runs:
-        return None
-    out = dict(runs[0])
-    for key in ("forward_s", "recv_s", "draft_s", "period_s", "fixed_s", "steps"):
-        out[key] = statistics.fmean(r[key] for r in runs)
-    out["forward_per_stage_s"] = [statistics.fmean(v) for v in zip(*(r["forward_per_stage_s"] for r in runs))]
-    return out
