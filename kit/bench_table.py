@@ -145,18 +145,26 @@ def breakdown_lines(rows: list[dict], ks: tuple[int, ...] = (1, 2, 3, 4)) -> lis
     for r in rows:
         p = by_label.get((r["model"], r["pp"], r.get("batch"), r["k"]))
         if p:
-            r["payoff"] = {key: p[key] for key in ("measured", "predicted", "error", "agrees", "acceptance", "break_even")}
+            r["payoff"] = {key: p[key] for key in ("measured", "predicted", "error", "agrees", "acceptance", "break_even",
+                                                   "occupancy", "predicted_at_occupancy", "error_at_occupancy",
+                                                   "agrees_at_occupancy")}
     lines += ["", "Speed-up over no speculation (same model, PP, batch): measured (median decode tok/s ratio) and "
               "predicted by kit.payoff from the fitted step costs and the row's measured mean acceptance length; "
-              "a = the i.i.d. per-position acceptance rate with that length; a* = break-even rate for that k.", "",
-              "| topology | mean accept len | a | measured | predicted | error | within 15 % | a* |",
-              "|---|---|---|---|---|---|---|---|"]
+              "a = the i.i.d. per-position acceptance rate with that length; a* = break-even rate for that k. The "
+              "prediction assumes full steps (every step carrying the plain engine's requests per step); occupancy = "
+              "plain steps / (speculative steps x mean acceptance length) is how full the speculative steps were, "
+              "and the last columns predict at that measured occupancy.", "",
+              "| topology | mean accept len | a | measured | predicted (full steps) | error | within 15 % | a* "
+              "| occupancy | predicted at occupancy | error | within 15 % |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r.get("payoff")
         if p:
             be = "never pays" if p["break_even"] is None else f"{p['break_even']:.2f}"
             lines.append(f"| {r['label']} | {r['mean_accept_len']:.2f} | {p['acceptance']:.3f} | {p['measured']:.2f}x "
-                         f"| {p['predicted']:.2f}x | {100 * p['error']:+.0f} % | {'yes' if p['agrees'] else 'NO'} | {be} |")
+                         f"| {p['predicted']:.2f}x | {100 * p['error']:+.0f} % | {'yes' if p['agrees'] else 'NO'} | {be} "
+                         + (f"| {p['occupancy']:.2f} | {p['predicted_at_occupancy']:.2f}x | {100 * p['error_at_occupancy']:+.0f} % "
+                            f"| {'yes' if p['agrees_at_occupancy'] else 'NO'} |" if p["occupancy"] else "| - | - | - | - |"))
     costs = costs_by_group(payoff_rows(rows))
     if costs:
         lines += ["", "Fitted step costs (ms) and the break-even acceptance rate a* per k (below it speculation "

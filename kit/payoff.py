@@ -215,13 +215,26 @@ def timeline(ranks: list[dict], limit: int) -> dict:
 
 # -- rows: predicted against measured --------------------------------------------------------------
 
+def occupancy(steps_plain: float, steps_spec: float, tokens_per_forward: float) -> float:
+    """How full the speculative row's decode steps were, relative to the plain row's: 1 when every step carried
+    as many requests as the plain engine's steps did.
+
+    Both rows decode the same tokens; a speculative step emits ``tokens_per_forward`` of them per request, so
+    with the same requests per step it needs ``steps_plain / tokens_per_forward`` steps. More steps than that
+    means fewer requests per step (a batch split by in-flight requests, a tail of requests finishing at different
+    steps). :func:`predict`'s full-batch speed-up times this factor is its prediction at the measured occupancy."""
+    return steps_plain / (steps_spec * tokens_per_forward)
+
+
 def predict(rows: list[dict], tolerance: float = 0.15) -> list[dict]:
     """Predicted against measured speed-up for every speculative row.
 
     ``rows``: dicts with ``model``, ``pp``, ``batch``, ``k`` (0 = no speculation), ``decode_tok_s`` (a number: the
     median), ``tokens_per_forward`` (the measured mean acceptance length; 1 without speculation) and
     ``components`` (:func:`step_components` of the row's median engine). The model is fitted per (model, PP,
-    batch) group; a row agrees when ``|predicted / measured - 1| <= tolerance``.
+    batch) group; a row agrees when ``|predicted / measured - 1| <= tolerance``. ``predicted`` assumes every
+    step carries the same requests as the plain engine's; ``predicted_at_occupancy`` takes the row's measured step
+    count as an input too (:func:`occupancy`), which separates a slow step from a half-empty one.
     """
     groups: dict[tuple, dict[int, dict]] = {}
     for r in rows:
@@ -238,10 +251,16 @@ def predict(rows: list[dict], tolerance: float = 0.15) -> list[dict]:
                 continue
             measured = r["decode_tok_s"] / base
             pred = costs.speedup_at_length(r["tokens_per_forward"], k)
+            steps0, steps = by_k[0]["components"].get("steps"), r["components"].get("steps")
+            occ = occupancy(steps0, steps, r["tokens_per_forward"]) if steps0 and steps else None
+            pred_occ = pred * occ if occ else None
             out.append({"model": model, "pp": pp, "batch": batch, "k": k,
                         "acceptance": acceptance_for_length(r["tokens_per_forward"], k),
                         "tokens_per_forward": r["tokens_per_forward"], "measured": measured, "predicted": pred,
                         "error": pred / measured - 1, "agrees": abs(pred / measured - 1) <= tolerance,
+                        "occupancy": occ, "predicted_at_occupancy": pred_occ,
+                        "error_at_occupancy": pred_occ / measured - 1 if pred_occ else None,
+                        "agrees_at_occupancy": abs(pred_occ / measured - 1) <= tolerance if pred_occ else None,
                         "break_even": costs.break_even(k), "costs": costs.to_dict()})
     return out
 

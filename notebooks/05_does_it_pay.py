@@ -88,7 +88,9 @@ preds = payoff.predict(prows, tolerance=BAND)
 table = pd.DataFrame([{"model": p["model"], "PP": p["pp"], "batch": p["batch"], "k": p["k"],
                        "mean accept len": round(p["tokens_per_forward"], 2), "a": round(p["acceptance"], 3),
                        "measured": round(p["measured"], 2), "predicted": round(p["predicted"], 2),
-                       "error %": round(100 * p["error"], 1),
+                       "error %": round(100 * p["error"], 1), "occupancy": round(p["occupancy"], 2),
+                       "predicted at occupancy": round(p["predicted_at_occupancy"], 2),
+                       "error at occupancy %": round(100 * p["error_at_occupancy"], 1),
                        "a* (break-even)": None if p["break_even"] is None else round(p["break_even"], 2)}
                       for p in preds])
 table
@@ -131,12 +133,17 @@ if batch4:
 # %%
 # Batch 1: every step carries the one request, as the model assumes. At batch 4 a step carries fewer requests
 # whenever a group's requests finish at different steps or (PP=2) the scheduling gate keeps some out of a step;
-# the model then overestimates (the step counts in docs/results/payoff.md show how much), so it is not claimed there.
+# the full-step prediction then overestimates. The row's occupancy (plain steps / (speculative steps x mean
+# acceptance length), 1 = full) measures that, and the prediction at the measured occupancy is claimed for every row.
 b1 = [p for p in preds if p["batch"] == 1]
 claim(len(b1) > 0 and all(p["agrees"] for p in b1),
-      f"batch 1: every measured speed-up lies within ±{BAND:.0%} of the model's prediction",
+      f"batch 1: every measured speed-up lies within ±{BAND:.0%} of the model's full-step prediction",
       [(p["model"], p["pp"], p["k"], round(p["error"], 3)) for p in b1 if not p["agrees"]])
-print("outside the band:", [(p["model"], p["pp"], p["batch"], p["k"], f"{p['error']:+.0%}") for p in preds if not p["agrees"]])
+print("outside the band at full steps:", [(p["model"], p["pp"], p["batch"], p["k"], f"{p['error']:+.0%}", f"occupancy {p['occupancy']:.2f}")
+                                          for p in preds if not p["agrees"]])
+claim(all(p["agrees_at_occupancy"] for p in preds),
+      f"every row, batch 1 and 4: the measured speed-up lies within ±{BAND:.0%} of the prediction at its measured occupancy",
+      [(p["model"], p["pp"], p["batch"], p["k"], round(p["error_at_occupancy"], 3)) for p in preds if not p["agrees_at_occupancy"]])
 by = {(p["model"], p["pp"], p["batch"], p["k"]): p for p in preds}
 m18 = [by[key] for key in by if key[0] == "mimo-py-18m" and key[3] == 2]
 claim(bool(m18) and all(p["measured"] > 1.0 for p in m18),

@@ -130,6 +130,29 @@ def test_predict_flags_rows_outside_the_band():
     rows[2]["decode_tok_s"] *= 1.5  # a measurement the model cannot explain
     out = predict(rows)
     assert out[0]["agrees"] and not out[1]["agrees"]
+    assert out[0]["occupancy"] is None  # no step counts: no occupancy
+
+
+def test_prediction_at_the_measured_occupancy_explains_half_empty_steps():
+    """A speculative engine whose steps carry half the requests (a split batch) needs twice the steps for the same
+    tokens and runs at half the full-step speed-up; the prediction at the measured occupancy says so."""
+    from kit.payoff import occupancy
+
+    true = _costs()
+    rows = []
+    tokens = 2048
+    for k, length, full in ((0, 1.0, 1.0), (2, 2.4, 0.5)):
+        fwd = true.forward_s(k + 1)
+        draft = 0.0 if k == 0 else true.draft_per_token_s * k
+        period = (true.fixed_nospec_s if k == 0 else true.fixed_spec_s) + fwd + draft
+        steps = tokens / length / full  # batch 1 here: "half full" stands for half the plain engine's requests
+        rows.append({"model": "m", "pp": 2, "batch": 4, "k": k, "tokens_per_forward": length,
+                     "decode_tok_s": tokens / (steps * period),
+                     "components": {"forward_s": fwd, "draft_s": draft, "period_s": period, "steps": steps}})
+    (p,) = predict(rows)
+    assert p["occupancy"] == pytest.approx(0.5) == occupancy(tokens, tokens / 2.4 / 0.5, 2.4)
+    assert not p["agrees"] and p["error"] == pytest.approx(1.0)  # full steps would be twice as fast
+    assert p["agrees_at_occupancy"] and abs(p["error_at_occupancy"]) < 1e-9
 
 
 @pytest.mark.slow  # the default selection: notebook 05's live run times the same spans and checks the prediction
