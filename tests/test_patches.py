@@ -334,6 +334,58 @@ def test_accepted_counts_follow_the_scheduler():
     assert accepted_counts(runner, sched({"b": 40}), {}) == {"b": 1}
 
 
+def _fake_update_states(self, scheduler_output):
+    """What vLLM 0.32's ``_update_states`` does to the accepted counts: requests left out of the step leave the
+    persistent batch, scheduled ones not in it are (re-)added with count 1 (``InputBatch.add_request``)."""
+    batch = self.input_batch
+    scheduled = scheduler_output.num_scheduled_tokens
+    for req_id in [r for r in batch.req_id_to_index if r not in scheduled]:
+        batch.num_accepted_tokens_cpu[batch.req_id_to_index.pop(req_id)] = -1   # a freed row
+    for i, req_id in enumerate(scheduler_output.scheduled_cached_reqs.req_ids):
+        self.requests[req_id].num_computed_tokens = scheduler_output.scheduled_cached_reqs.num_computed_tokens[i]
+        if req_id not in batch.req_id_to_index:
+            idx = next(j for j in range(len(batch.num_accepted_tokens_cpu)) if j not in batch.req_id_to_index.values())
+            batch.req_id_to_index[req_id] = idx
+            batch.num_accepted_tokens_cpu[idx] = 1
+
+
+@pytest.mark.parametrize("last_rank", [False, True], ids=["first-rank", "last-rank"])
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_accepted_count_survives_a_step_out_of_the_batch(monkeypatch, patched, last_rank):
+    """pp_spec_hybrid_accepted_count: under sync PP with drafts a request sits out every other step (the batch
+    queue's in-flight step); vLLM re-adds it with count 1 on every rank. With the patch each rank continues from
+    1 + accepted: the non-last ranks from the scheduler, the last rank too for a request that re-entered the batch;
+    a request that stayed in the last rank's batch keeps the sampler's count."""
+    import vllm.distributed.parallel_state as ps
+
+    from kit.patches import pp_spec_hybrid_accepted_count as m
+
+    monkeypatch.setattr(ps, "get_pp_group", lambda: SimpleNamespace(is_last_rank=last_rank))
+    update = m._wrap(_fake_update_states) if patched else _fake_update_states
+    runner = SimpleNamespace(
+        speculative_config=object(), model_config=SimpleNamespace(is_hybrid=True),
+        requests={r: SimpleNamespace(num_computed_tokens=10) for r in "ab"},
+        input_batch=SimpleNamespace(req_id_to_index={"a": 0, "b": 1}, num_accepted_tokens_cpu=np.ones(4, np.int64)))
+
+    def step(computed, spec):
+        cached = SimpleNamespace(req_ids=list(computed), resumed_req_ids=set(),
+                                 num_computed_tokens=list(computed.values()))
+        update(runner, SimpleNamespace(scheduled_cached_reqs=cached, scheduled_spec_decode_tokens=spec,
+                                       num_scheduled_tokens={r: 3 for r in computed}, finished_req_ids=set()))
+        b = runner.input_batch
+        return {r: int(b.num_accepted_tokens_cpu[b.req_id_to_index[r]]) for r in computed}
+
+    step({"a": 10, "b": 10}, {"a": [1, 2], "b": [1, 2]})   # both carry 2 drafts
+    if last_rank:   # the last rank's sampler: a accepted 2 of 2, b 0 of 2
+        runner.input_batch.num_accepted_tokens_cpu[:2] = [3, 1]
+    step({}, {})                                            # the in-flight step: both left out of the batch
+    assert step({"a": 13, "b": 11}, {}) == ({"a": 3, "b": 1} if patched else {"a": 1, "b": 1})
+    # Staying in the batch on the last rank: the sampler's value is left as it is.
+    if last_rank and patched:
+        runner.input_batch.num_accepted_tokens_cpu[runner.input_batch.req_id_to_index["a"]] = 7
+        assert step({"a": 14}, {})["a"] == 7
+
+
 def test_decode_side_rule_is_checked_before_any_process_starts():
     """The kit refuses decode-side PP + spec without the fix in-process, in well under a second."""
     import time

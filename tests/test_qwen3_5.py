@@ -87,3 +87,22 @@ def test_verified_tokens_computed_as_decode_steps_off_and_on(patched, no_leftove
         assert div is None, div
     else:
         assert div is not None and div["reference_margin"] is not None and div["reference_margin"] < 0.1, div
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_pp2_mtp_accepted_drafts_continue_from_the_right_state_off_and_on(patched, no_leftovers):
+    """pp_spec_hybrid_accepted_count: under sync PP every request sits out the batch queue's in-flight step and
+    vLLM re-adds it with an accepted count of 1 on every rank, so after accepted drafts each stage's Gated-DeltaNet
+    layers continued from the state after the first verified token (trained weights: wrong tokens, not a tie).
+    With the count kept, PP=2 MTP is token-identical to the PP=1 no-spec engine."""
+    t = Topology(model="tiny-qwen3_5-trained", pp=2, spec="mtp:2")
+    prompts = load_prompts(limit=4)
+    env = {"KIT_PATCHES": "all" if patched else "all,-pp_spec_hybrid_accepted_count"}
+    got = engine.generate(t, prompts, max_tokens=40, env=env, timeout=900)
+    div = first_divergence(reference_for(t, prompts, 40), got)
+    assert got.spec.num_accepted_tokens > 0
+    if patched:
+        assert div is None, div
+    else:
+        assert div is not None and div["reference_margin"] is not None and div["reference_margin"] > 0.1, div
