@@ -31,9 +31,11 @@ from .validate import check_count, check_generation, check_prompts, check_second
 DEFAULT_START_TIMEOUT = 600.0
 # The runner holds vLLM's engine core in its own process (vLLM's in-process client,
 # VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of starting a process for it: the same scheduler and executor code, and
-# the PP workers are still processes of their own, but one Python + vLLM start less per engine (about 10 s of a
-# 35-45 s start on 2 cores). Servers (`vllm serve`) and `kit bench` keep vLLM's default, a separate engine core
-# process, as a deployment runs it; env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"} does the same for one run.
+# PP workers are still processes of their own (at PP=1 vLLM's CPU platform then keeps its uni-process executor, so
+# the one worker runs in the runner too). Measured start of a tiny-mimo engine on 2 cores: 13.5 s against 34.8 s at
+# PP=1, 23.1 s against 36.6 s at PP=2, same tokens (docs/results/bench.md, "Start-up: vLLM's engine core in the
+# runner process"). Servers (`vllm serve`) and `kit bench` keep vLLM's default, a separate engine core process, as a
+# deployment runs it; env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"} does the same for one run.
 INPROC_ENGINE_CORE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 

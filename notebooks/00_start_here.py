@@ -59,7 +59,7 @@ if SHOW_DOCTOR:
 # ## A first run
 # The kit starts the reference (PP=1, no speculation) and the topology below as real vLLM engines (each in
 # its own process group, torn down afterwards), on the same prompts, greedy, float32. On 2 cores this takes about
-# 100 s: about 45 s per engine, most of it vLLM starting; a status line under the cell shows the phase.
+# 45 s: 15-25 s per engine, most of it vLLM starting; a status line under the cell shows the phase.
 
 # %%
 from kit.topology import Topology
@@ -117,7 +117,7 @@ claim(acc.num_accepted_tokens > 0 and acc.num_drafts < generated,
 # again, with the drafts at the wrong positions, and the last stage then reads another request's row of logits.
 # The kit's `pp_spec_schedule_gate` patch hides those drafts until the step is back. Predict what the same prompts
 # give with that patch off (`BREAK_PATCHES`; the decode-side rule is turned off with it, or the kit would refuse
-# the engine before it starts), then run it: one more engine, about 50 s on 2 cores.
+# the engine before it starts), then run it: one more engine, about 25 s on 2 cores.
 #
 # <details><summary>Answer</summary>
 #

@@ -32,8 +32,8 @@ import kit.notebook
 kit.notebook.setup()
 
 # %% [markdown]
-# One engine per PP size in `PP_SIZES`, each started, asked and stopped (on 2 cores about 35 s at PP=2 and
-# 55 s at PP=4). The `TRACE_PP` engine then also generates a few tokens with every step traced inside each worker
+# One engine per PP size in `PP_SIZES`, each started, asked and stopped (on 2 cores about 25 s at PP=2 and
+# 40 s at PP=4). The `TRACE_PP` engine then also generates a few tokens with every step traced inside each worker
 # (`kit_trace_start` / `kit_trace_read`, see *One decode step with drafts, across the ranks* below), which adds a few seconds.
 
 # %%
@@ -148,7 +148,7 @@ if NODES > 1:
 # %% [markdown]
 # ## The failure without the kit's drafter guard
 # Stock vLLM 0.32 creates the drafter only on the last rank, but other start-up paths touch `self.drafter` on
-# every rank. Turning the kit's `drafter_only_on_last_rank` patch off shows the crash (caught here; about 40 s on
+# every rank. Turning the kit's `drafter_only_on_last_rank` patch off shows the crash (caught here; about 25 s on
 # 2 cores until the worker fails).
 
 # %%

@@ -29,8 +29,8 @@ import kit.notebook
 kit.notebook.setup()
 
 # %% [markdown]
-# One engine per (PP size, k), k = 0 being the plain engine (at the PP sizes in `PLAIN_PP_SIZES`): about 35 s each on
-# 2 cores, so about 4 minutes for the 7 engines of the defaults (the CI parameters start 3, under 2 minutes). Each
+# One engine per (PP size, k), k = 0 being the plain engine (at the PP sizes in `PLAIN_PP_SIZES`): 15-25 s each on
+# 2 cores, so about 2 minutes for the 7 engines of the defaults (the CI parameters start 3, about 1 minute). Each
 # engine shows its status line.
 
 # %%
@@ -216,7 +216,7 @@ for pp, p in lows.items():
 # %% [markdown]
 # ## Try it yourself
 # Pick k, PP, temperature and a prompt, then press Run (widgets; the defaults above run headless). Each press starts
-# one engine, about 35 s on 2 cores at PP=1 or 2 and about 55 s at PP=4; the button stays disabled meanwhile.
+# one engine, about 15-25 s on 2 cores at PP=1 or 2 and about 40 s at PP=4; the button stays disabled meanwhile.
 
 # %%
 import ipywidgets as W
