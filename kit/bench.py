@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, add_runner_flag, check_max_tokens,
                       parse_assignments, read_prompts)
+from .engine import SEPARATE_ENGINE_CORE_ENV
 from .engine import run as run_engine
 from .procs import leftover_vllm_processes
 # aggregate and payoff_rows are also imported from here (notebook 05).
@@ -67,7 +68,7 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
     load = round(os.getloadavg()[0], 2)  # the shared machine's 1-minute load as this engine starts
     # vLLM's default process layout (a separate engine core), as a deployment runs it: kit.engine's in-process
     # engine core shortens the start but serialises the front end's output processing with the engine steps.
-    res = run_engine(topo, jobs, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **(env or {})})
+    res = run_engine(topo, jobs, env={**SEPARATE_ENGINE_CORE_ENV, **(env or {})})
     out_jobs = list(res["jobs"])
     first = out_jobs.pop(0)
     k = topo.spec.k if topo.spec else 0

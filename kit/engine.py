@@ -35,8 +35,9 @@ DEFAULT_START_TIMEOUT = 600.0
 # the one worker runs in the runner too). Measured start of a tiny-mimo engine on 2 cores: 13.5 s against 34.8 s at
 # PP=1, 23.1 s against 36.6 s at PP=2, same tokens (docs/results/bench.md, "Start-up: vLLM's engine core in the
 # runner process"). Servers (`vllm serve`) and `kit bench` keep vLLM's default, a separate engine core process, as a
-# deployment runs it; env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"} does the same for one run.
+# deployment runs it; env=SEPARATE_ENGINE_CORE_ENV does the same for one run.
 INPROC_ENGINE_CORE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+SEPARATE_ENGINE_CORE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
 class EngineError(RuntimeError):

@@ -21,7 +21,7 @@ def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
     # vLLM's own process layout (a separate engine core, as `vllm serve` runs it); kit.engine's default runs the
     # engine core inside the runner, which then applies every kind (kit.vllm_process, tests/test_patches.py).
-    r = engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCH_LOG": str(log), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    r = engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCH_LOG": str(log), **engine.SEPARATE_ENGINE_CORE_ENV})
     assert all(len(x) == 4 for x in r.token_ids)
     recs = [json.loads(l) for l in log.read_text().splitlines()]
     # The runner (front end), the engine core and both PP workers loaded the plugin, without a failure, and

@@ -70,6 +70,15 @@ def test_gdn_short_spec_steps_off_and_on(patched, no_leftovers):
     assert r.spec.num_drafts > 0 and all(len(x) == 40 for x in r.token_ids)
 
 
+def _first_divergence_with(t: Topology, num_prompts: int, patch: str, patched: bool) -> dict | None:
+    """40 tokens of ``t`` with ``patch`` on or off against the PP=1 no-spec engine; drafts must be accepted."""
+    prompts = load_prompts(limit=num_prompts)
+    env = {"KIT_PATCHES": "all" if patched else f"all,-{patch}"}
+    got = engine.generate(t, prompts, max_tokens=40, env=env, timeout=900)
+    assert got.spec.num_accepted_tokens > 0
+    return first_divergence(reference_for(t, prompts, 40), got)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
 def test_verified_tokens_computed_as_decode_steps_off_and_on(patched, no_leftovers):
@@ -77,12 +86,8 @@ def test_verified_tokens_computed_as_decode_steps_off_and_on(patched, no_leftove
     than a plain decode step (bf16 conv + bf16 SiLU, the fused spec recurrence); on the trained bf16 model that
     flips a one-bf16-step tie against the PP=1 no-spec engine. Through the decode kernels, token for token, the
     MTP run is token-identical."""
-    t = Topology(model="tiny-qwen3_5-trained", pp=1, spec="mtp:1")
-    prompts = load_prompts(limit=8)
-    env = {"KIT_PATCHES": "all" if patched else "all,-cpu_gdn_spec_conv_window"}
-    got = engine.generate(t, prompts, max_tokens=40, env=env, timeout=900)
-    div = first_divergence(reference_for(t, prompts, 40), got)
-    assert got.spec.num_accepted_tokens > 0
+    div = _first_divergence_with(Topology(model="tiny-qwen3_5-trained", pp=1, spec="mtp:1"), 8,
+                                 "cpu_gdn_spec_conv_window", patched)
     if patched:
         assert div is None, div
     else:
@@ -96,12 +101,8 @@ def test_pp2_mtp_accepted_drafts_continue_from_the_right_state_off_and_on(patche
     vLLM re-adds it with an accepted count of 1 on every rank, so after accepted drafts each stage's Gated-DeltaNet
     layers continued from the state after the first verified token (trained weights: wrong tokens, not a tie).
     With the count kept, PP=2 MTP is token-identical to the PP=1 no-spec engine."""
-    t = Topology(model="tiny-qwen3_5-trained", pp=2, spec="mtp:2")
-    prompts = load_prompts(limit=4)
-    env = {"KIT_PATCHES": "all" if patched else "all,-pp_spec_hybrid_accepted_count"}
-    got = engine.generate(t, prompts, max_tokens=40, env=env, timeout=900)
-    div = first_divergence(reference_for(t, prompts, 40), got)
-    assert got.spec.num_accepted_tokens > 0
+    div = _first_divergence_with(Topology(model="tiny-qwen3_5-trained", pp=2, spec="mtp:2"), 4,
+                                 "pp_spec_hybrid_accepted_count", patched)
     if patched:
         assert div is None, div
     else:
