@@ -596,3 +596,84 @@ def test_kv_layout_resolves_when_pp_ranks_hold_different_backends(patched):
     assert fn(VllmConfig(), [["LBNHC", "LBHNC"], ["LBNHC", "LBHNC"]]).name == "LBNHC"  # agreeing lists: as before
     with pytest.raises(ValueError, match="No KV cache layout is supported by every"):
         fn(VllmConfig(), [["LBNHC"], ["LBHNC"]])
+
+
+class _Batch:
+    """The parts of vLLM's InputBatch that its decode/prefill reorder reads and moves."""
+
+    def __init__(self, rows: list[tuple[str, int, int]]):   # (request, computed tokens, prompt tokens)
+        self.req_ids = [r for r, _, _ in rows]
+        self.num_computed_tokens_cpu = np.array([c for _, c, _ in rows])
+        self.num_prompt_tokens = np.array([p for _, _, p in rows])
+
+    def swap_states(self, i: int, j: int) -> None:
+        for a in (self.req_ids, self.num_computed_tokens_cpu, self.num_prompt_tokens):
+            a[i], a[j] = a[j], a[i]
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_pp_ranks_agree_on_the_batch_order(monkeypatch, patched):
+    """pp_batch_order_agree: each worker reorders its batch (decodes first) with a threshold from its own layers'
+    attention builders. tiny-qwen3_5 at PP=4 (layers L, L, L, F, mtp:2): Gated-DeltaNet ranks ask for 3, the
+    full-attention rank for none. In the measured mixed step (request 0 verifying 3 tokens, new prompts 3 and 4)
+    vLLM's own reorder gave ranks 0-2 [0, 4, 3] and rank 3 [3, 4, 0]: the last stage read other requests' hidden
+    states. With the patch every rank takes the pipeline's minimum and orders the step the same way."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from kit.patches import pp_batch_order_agree as m
+
+    own = [3, 3, 3, None]   # what calculate_reorder_batch_threshold found on ranks 0..3 (debug log of the run)
+    monkeypatch.setattr(m, "_gather_over_pp", lambda value: list(own))
+
+    def calculate(self):     # stands in for vLLM's per-worker computation
+        self.reorder_batch_threshold = own[self.rank]
+
+    so = SimpleNamespace(num_scheduled_tokens={"3": 16, "4": 37, "0": 3})
+    orders = []
+    for rank in range(4):
+        runner = SimpleNamespace(rank=rank, parallel_config=SimpleNamespace(pipeline_parallel_size=4),
+                                 kv_cache_config=SimpleNamespace(kv_cache_groups=[object()]),
+                                 input_batch=_Batch([("3", 0, 16), ("4", 0, 37), ("0", 39, 12)]))
+        (m._wrap(calculate) if patched else calculate)(runner)
+        GPUModelRunner._may_reorder_batch(runner, so)   # vLLM's own reorder
+        orders.append(runner.input_batch.req_ids)
+    if patched:
+        assert orders == [["0", "4", "3"]] * 4, orders
+    else:
+        assert orders == [["0", "4", "3"]] * 3 + [["3", "4", "0"]], orders
+    assert m.pipeline_threshold([None, None]) is None and m.pipeline_threshold([3, 1, None]) == 1
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_attention_only_stage_leaves_align_mode(patched):
+    """pp_mamba_align_attention_stage: with prefix caching a hybrid model's mamba cache runs in mode 'align' and
+    every worker's step looks up its mamba-cache groups; tiny-qwen3_5's rank 3 at PP=4 holds only the full-attention
+    layer, and vLLM's lookup asserts. Patched, that stage runs with mode 'none' on its own copy of the cache config;
+    a stage with linear-attention layers keeps 'align'."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm.v1.worker import mamba_utils
+
+    from kit.patches import pp_mamba_align_attention_stage as m
+
+    def config(names):   # every rank gets the model's groups; a stage's own layers fill them (rank 3: none)
+        full = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+        gdn = MambaSpec(block_size=16, shapes=((3, 8), (2, 4, 4)), dtypes=(torch.bfloat16,) * 2)
+        return KVCacheConfig(num_blocks=4, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(names[0], gdn), KVCacheGroupSpec(names[1], full)])
+
+    attention_stage = config([[], ["model.layers.3.self_attn.attn"]])
+    gdn_stage = config([["model.layers.2.linear_attn"], []])
+    shared = SimpleNamespace(mamba_cache_mode="align")
+    init = m._wrap(lambda self, cfg: None) if patched else (lambda self, cfg: None)
+    modes = []
+    for cfg in (attention_stage, gdn_stage):
+        runner = SimpleNamespace(cache_config=shared)
+        init(runner, cfg)
+        modes.append(runner.cache_config.mamba_cache_mode)
+    if not patched:
+        assert modes == ["align", "align"]
+        with pytest.raises(AssertionError, match="no mamba layers in the model"):  # the step's first lookup
+            mamba_utils.get_mamba_groups(attention_stage)
+        return
+    assert modes == ["none", "align"] and shared.mamba_cache_mode == "align"

@@ -107,3 +107,41 @@ def test_pp2_mtp_accepted_drafts_continue_from_the_right_state_off_and_on(patche
         assert div is None, div
     else:
         assert div is not None and div["reference_margin"] is not None and div["reference_margin"] > 0.1, div
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_pp4_mixed_prefill_and_decode_steps_off_and_on(patched, no_leftovers):
+    """pp_batch_order_agree: at PP=4 tiny-qwen3_5's Gated-DeltaNet ranks reorder a step's requests (decodes first)
+    and the full-attention rank does not, so in a step mixing new prompts with verifies the last stage read other
+    requests' hidden states. 8 prompts through 3 batch slots: without the patch the prompts admitted later are wrong
+    from their first token; with it the run is token-identical to the PP=1 no-spec engine, with PP=1's counters."""
+    t = Topology(model="tiny-qwen3_5-trained", pp=4, spec="mtp:2", max_num_seqs=3)
+    prompts = load_prompts(limit=8)
+    env = {"KIT_PATCHES": "all" if patched else "all,-pp_batch_order_agree"}
+    got = engine.generate(t, prompts, max_tokens=40, env=env, timeout=900)
+    ref = reference_for(t, prompts, 40)
+    first = [next((j for j, (a, b) in enumerate(zip(x, y)) if a != b), None)
+             for x, y in zip(ref.token_ids, got.token_ids)]
+    if patched:
+        assert first == [None] * 8, first
+        assert (got.spec.num_drafts, got.spec.num_accepted_tokens) == (147, 167), got.spec  # the PP=1 cell's
+    else:
+        assert first[3:].count(0) >= 3, first   # admitted after the first three: wrong at token 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_pp4_without_speculation_off_and_on(patched, no_leftovers):
+    """pp_mamba_align_attention_stage: without speculation prefix caching stays on, so the mamba cache runs in mode
+    'align'; at PP=4 rank 3 holds only the full-attention layer and vLLM asserts at the first step. With the patch
+    PP=4 runs and is token-identical to the PP=1 engine."""
+    t = Topology(model="tiny-qwen3_5-trained", pp=4)
+    prompts = load_prompts(limit=4)
+    env = {"KIT_PATCHES": "all" if patched else "all,-pp_mamba_align_attention_stage"}
+    if not patched:
+        with pytest.raises(engine.EngineError, match="no mamba layers in the model"):
+            engine.generate(t, prompts, max_tokens=16, env=env, timeout=900)
+        return
+    got = engine.generate(t, prompts, max_tokens=16, env=env, timeout=900)
+    assert first_divergence(reference_for(t, prompts, 16), got) is None

@@ -55,6 +55,8 @@ INDEX: tuple[str, ...] = (
     "cpu_gdn_spec_conv_window",
     "qwen_vl_no_torchvision",
     "pp_kv_layout_intersect",
+    "pp_batch_order_agree",
+    "pp_mamba_align_attention_stage",
     "drafter_only_on_last_rank",
     "eager_pp_intermediate_buffers",
     # multi-node runs (vLLM's --nnodes launch)
