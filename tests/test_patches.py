@@ -1,4 +1,5 @@
 """Patch registry selection and the pure helpers of the correctness patches (small fakes allowed)."""
+import importlib
 import json
 import os
 from types import SimpleNamespace
@@ -525,6 +526,7 @@ def test_glm4_moe_stage_without_moe_layers(patched):
 
 
 _IMPORT_QWEN3_5_MTP = """
+import importlib
 import json
 from kit.patches import apply_selected
 apply_selected()   # what the vllm.general_plugins entry point does in every vLLM process
@@ -677,3 +679,50 @@ def test_attention_only_stage_leaves_align_mode(patched):
             mamba_utils.get_mamba_groups(attention_stage)
         return
     assert modes == ["none", "align"] and shared.mamba_cache_mode == "align"
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_gdn_spec_conv_matches_the_no_spec_kernel(patched):
+    """cpu_gdn_spec_cpp_conv: on a CPU with AVX-512 BF16 and no AMX, vLLM 0.32's no-spec GDN path convolves with the
+    C++ kernels (packed weight) and the speculation-aware path with torch fallbacks, which round differently. Patched,
+    the fallbacks as the speculation-aware code calls them (unpacked weight, wide state buffer) give the C++ kernels'
+    numbers bit for bit and leave the same state in the buffer's first width - 1 columns."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    from kit.patches import cpu_gdn_spec_cpp_conv as m
+
+    if not (torch.cpu._is_avx512_bf16_supported() and hasattr(ops, "causal_conv1d_weight_pack")):
+        pytest.skip("no AVX-512 BF16 here: both paths use the torch conv")
+    g = importlib.import_module(m._MODULE)
+    torch.manual_seed(0)
+    dim, width, k, slots = 256, 4, 2, 4
+    w = (torch.randn(dim, width) * 0.5).bfloat16()
+    layer = SimpleNamespace(conv1d=SimpleNamespace(weight=ops.causal_conv1d_weight_pack(w.clone()),
+                                                   _cpu_unpacked_conv_weight=w))
+    x_prefill = torch.randn(9, dim).bfloat16().transpose(0, 1)   # one 9-token prompt, as vLLM passes it
+    x_decode = torch.randn(1, dim).bfloat16()
+    qsl, idx, init = torch.tensor([0, 9], dtype=torch.int32), torch.tensor([2], dtype=torch.int32), torch.tensor([False])
+
+    # The no-spec path: C++ kernels on a (slots, dim, width - 1) state.
+    ns_state = torch.zeros(slots, width - 1, dim).bfloat16().transpose(1, 2)
+    want_p = ops.causal_conv1d_fwd_cpu(x=x_prefill, weight=layer.conv1d.weight, bias=None, conv_states=ns_state,
+                                       query_start_loc=qsl, cache_indices=idx, has_initial_state=init,
+                                       silu_activation=True, is_weight_packed=True)
+    want_d = ops.causal_conv1d_update_cpu(x=x_decode, conv_states=ns_state, weight=layer.conv1d.weight, bias=None,
+                                          silu_activation=True, conv_state_indices=idx, is_weight_packed=True,
+                                          num_accepted_tokens=None)
+    # The speculation-aware path's calls: unpacked weight, wide (slots, dim, width - 1 + k) buffer.
+    fwd, upd, unpacked = g.causal_conv1d_torch, g.causal_conv1d_update_cpu, g._unpacked_conv_weight
+    if patched:
+        fwd, upd, unpacked = m._wrap_fwd(fwd), m._wrap_update(upd), m._wrap_unpacked(unpacked)
+    buf = torch.zeros(slots, dim, width - 1 + k).bfloat16()
+    got_p = fwd(x=x_prefill, weight=unpacked(layer), bias=None, conv_states=buf, query_start_loc=qsl,
+                cache_indices=idx, has_initial_state=init, activation="silu")
+    got_d = upd(x=x_decode, conv_state=buf[:, :, : width - 1], weight=unpacked(layer), bias=None, activation="silu",
+                conv_state_indices=idx)
+    same = torch.equal(got_p, want_p) and torch.equal(got_d, want_d)
+    if not patched:
+        assert not same   # other arithmetic: the torch fallback rounds differently
+        return
+    assert same and torch.equal(buf[2, :, : width - 1], ns_state[2])

@@ -53,6 +53,7 @@ INDEX: tuple[str, ...] = (
     "cpu_rejection_expand",
     "cpu_seeded_generator_rewind",
     "cpu_gdn_spec_conv_window",
+    "cpu_gdn_spec_cpp_conv",
     "qwen_vl_no_torchvision",
     "pp_kv_layout_intersect",
     "pp_batch_order_agree",
