@@ -83,8 +83,8 @@ CELLS.append(Cell("tiny-deepseek-v3", True, 2, "mtp:2", ref_pp=2))
 # data/models/README.md): PP 1/2/4 x MTP k 1..3, and max_num_seqs below the prompt count (requests leave and
 # re-enter the batch: the per-request recurrent state in each stage's mamba cache must survive); n-gram drafts give
 # steps with fewer than k drafts (patch cpu_gdn_spec_conv_window). bf16 and prefix caching off come from
-# kit.models.model_requirements. The zoo's random weights are not used here: in bf16 they give one-step ties
-# that the verify batch or PP alone moves (docs/findings.md#qwen35-hybrid-gdn-under-pp-and-mtp).
+# kit.models.model_requirements. The zoo's random weights (drafts never accepted, logits one bf16 step apart) test
+# that a speculative engine computes what the no-spec engine computes (patch cpu_gdn_spec_cpp_conv).
 for pp in (1, 2, 4):
     for k in (1, 2, 3):
         CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, f"mtp:{k}"))
@@ -92,6 +92,9 @@ for pp in (1, 2, 4):
     CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "mtp:2", max_num_seqs=3, fast=(pp == 2)))
     CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "ngram:2"))
     CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "ngram:2", max_num_seqs=3))
+    for k in (1, 2, 3):
+        CELLS.append(Cell("tiny-qwen3_5", True, pp, f"mtp:{k}"))
+    CELLS.append(Cell("tiny-qwen3_5", True, pp, "ngram:2", max_num_seqs=3))
 # Trained DeepSeek-V3 (kit/tiny/deepseek.py, data/models/README.md): PP=1 with speculation is the acceptance
 # baseline for the PP=2 and PP=4 cells.
 for k in (1, 2, 3):

@@ -145,3 +145,25 @@ def test_pp4_without_speculation_off_and_on(patched, no_leftovers):
         return
     got = engine.generate(t, prompts, max_tokens=16, env=env, timeout=900)
     assert first_divergence(reference_for(t, prompts, 16), got) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_random_weights_spec_matches_no_spec_off_and_on(patched, no_leftovers):
+    """cpu_gdn_spec_cpp_conv: with speculation configured vLLM 0.32's CPU GDN conv ran torch fallbacks on CPUs with
+    AVX-512 BF16 and no AMX, where the no-spec engine runs the C++ kernels; with random bf16 weights (no draft ever
+    accepted, logits one bf16 step apart) the MTP engine's greedy tokens then part from the no-spec engine's
+    (16 prompts x 32 tokens: prompt 0, position 12, margin 0.0078). With the patch they are identical."""
+    import torch
+
+    if not torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        pytest.skip("the two paths differ only on AVX-512 BF16 without AMX")
+    t = Topology(model="tiny-qwen3_5", random_weights=True, pp=1, spec="mtp:2")
+    prompts = load_prompts(limit=16)
+    env = {"KIT_PATCHES": "all" if patched else "all,-cpu_gdn_spec_cpp_conv"}
+    got = engine.generate(t, prompts, max_tokens=32, env=env, timeout=900)
+    div = first_divergence(reference_for(t, prompts, 32), got)
+    if patched:
+        assert div is None, div
+    else:
+        assert div is not None and div["reference_margin"] is not None and div["reference_margin"] < 0.05, div
