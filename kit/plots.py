@@ -370,3 +370,61 @@ def kv_bytes_per_layer(runs: dict[str, dict], title: str = "KV bytes per layer, 
     fig.update_yaxes(title_text="bytes (all requests)", row=1, col=1)
     fig.update_layout(title=title, height=400, barmode="overlay", legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1}
+
+
+def state_bytes(group: dict) -> int:
+    """Bytes of one state slot of a ``MambaSpec`` group (:func:`kit.placement.placement`'s ``kv_cache.groups``):
+    the conv window and the recurrent state of one layer for one request."""
+    import math
+
+    return sum(math.prod(s) * _DTYPE_BYTES.get(d, 4) for s, d in zip(group["state_shapes"], group["state_dtypes"]))
+
+
+def hybrid_state_lanes(ranks: list[dict], calls: dict[int, dict] | None = None,
+                       title: str = "A hybrid model under PP: what each rank keeps per request"):
+    """Ranks as lanes, from the live workers' KV cache groups: each linear-attention (mamba-state) layer green with
+    its state per request (slots x bytes), each full-attention layer's KV blue, the drafter orange (its forward calls
+    and how many were given PP intermediates, from ``calls[pp_rank]``)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    seen = set()
+    for r in sorted(ranks, key=lambda x: x["pp_rank"]):
+        y = f"PP rank {r['pp_rank']}"
+        items = []
+        for g in r["kv_cache"]["groups"]:
+            for name in g["layers"]:
+                idx = name.split(".")
+                if g["spec"] == "MambaSpec":
+                    slots = 1 + int(g.get("num_speculative_blocks") or 0)
+                    items.append(("linear attention: recurrent state", f"L{idx[2]} GDN<br>{slots} x "
+                                  f"{state_bytes(g) / 1024:.0f} KiB", int(idx[2]), "#31a354",
+                                  f"{name}: {slots} state slots per request (mode {g.get('mamba_cache_mode')}), "
+                                  f"shapes {g['state_shapes']} {g['state_dtypes']}"))
+                else:
+                    mtp = idx[0] == "mtp"
+                    items.append(("full attention: KV per token", ("MTP attn" if mtp else f"L{idx[2]} attn") + "<br>KV",
+                                  (len(items) + 10) if mtp else int(idx[2]), "#3182bd",
+                                  f"{name}: KV grows with the tokens, pages of {g['page_size_bytes']:,} bytes"))
+        d = r.get("drafter") or {}
+        if d.get("params"):
+            c = (calls or {}).get(r["pp_rank"], {})
+            items.append(("drafter", f"{d.get('model_class')}<br>{c.get('calls', '?')} calls, "
+                          f"{c.get('with_intermediates', '?')} with PP input", None, "#e6550d",
+                          f"{d.get('model_class')}: {d['params']:,} params"))
+        xs = [it[2] for it in items if it[2] is not None and it[2] < 10]
+        right = (max(xs) if xs else 0) + 1.3
+        for kind, label, x, color, hover in items:
+            if x is None or x >= 10:
+                x, right = right, right + 1.3
+            fig.add_trace(go.Bar(x=[1.1], y=[y], base=[x - 0.55], orientation="h", marker_color=color, name=kind,
+                                 legendgroup=kind, showlegend=kind not in seen, text=[label],
+                                 textposition="inside", insidetextanchor="middle", hovertext=hover, hoverinfo="text"))
+            seen.add(kind)
+    fig.update_layout(title=title, barmode="overlay", height=170 + 80 * len(ranks),
+                      xaxis=dict(title="decoder layer index (the drafter and its attention layer right of the target's)"),
+                      yaxis=dict(autorange="reversed"), legend=dict(orientation="h", y=-0.25))
+    return fig

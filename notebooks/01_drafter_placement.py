@@ -24,6 +24,8 @@ NODES = 2                # one more engine: TRACE_PP stages over this many local
 TRACE_PROMPTS = 2
 TRACE_TOKENS = 16
 PATCHES_FOR_FAILURE = "all,-drafter_only_on_last_rank"   # the run that shows what breaks
+HYBRID_MODEL = "tiny-qwen3_5"   # a hybrid (linear + full attention) model with its MTP drafter
+HYBRID_PP = 4                   # its PP size (0: skip that section)
 
 # %%
 import kit
@@ -98,6 +100,90 @@ for pp, ranks in layouts.items():
         want = sorted(r["layers"]) + ([n_layers] if r["pp_rank"] == last else [])
         claim(got == want, f"PP={pp} rank {r['pp_rank']}: KV for layers {got}"
               + (f" (layer {n_layers}: the MTP layer)" if r["pp_rank"] == last else ""), f"expected {want}")
+
+# %% [markdown]
+# ## A hybrid model: where Qwen3.5's recurrent state lives
+# Qwen3.5 mixes two kinds of layers. A Gated-DeltaNet layer (linear attention) keeps, per request, a fixed-size
+# state: a short conv window and a delta-rule matrix, in vLLM's "mamba cache", whatever the length of the text. A
+# full-attention layer keeps KV that grows with every token. `tiny-qwen3_5` has three Gated-DeltaNet layers, then
+# one full-attention layer, and the `qwen3_5_mtp` drafter (itself one full-attention layer). With speculation a
+# request's recurrent state must be able to roll back when drafts are rejected.
+#
+# **Predict, then look:** at PP=4 with `mtp:2`, which ranks hold recurrent state and which KV, how many state slots
+# does each request get, and where does the drafter run?
+#
+# <details><summary>Answer</summary>
+#
+# One layer per rank: ranks 0-2 each hold one Gated-DeltaNet layer's state and no KV at all; rank 3 holds layer 3's
+# KV, the MTP layer's KV and the drafter. Each request gets 1 + k = 3 state slots per linear-attention layer (the state
+# after each verified token, so the next step continues from the last accepted one). The drafter runs on rank 3
+# only and is never given another rank's hidden states: the seed's claim for `qwen3_5_mtp`, checked on the running
+# engine. A pipeline whose stages hold different kinds of layers needed kit patches to start
+# (`pp_kv_layout_intersect`) and to give the PP=1 tokens when requests enter mid-run (`pp_batch_order_agree`; without
+# speculation also `pp_mamba_align_attention_stage`): see `docs/findings.md`.
+# </details>
+
+# %%
+if HYBRID_PP:
+    from kit import engine
+
+    hybrid_k = 2
+    hyb = engine.run(Topology(model=HYBRID_MODEL, random_weights=True, pp=HYBRID_PP, spec=f"mtp:{hybrid_k}"),
+                     [{"kind": "rpc", "method": "kit_watch_drafter"}, {"kind": "inspect"},
+                      {"kind": "generate", "prompts": load_prompts(limit=4), "max_tokens": 16},
+                      {"kind": "rpc", "method": "kit_drafter_calls"}], timeout=900)
+    _, hyb_ranks, hyb_gen, hyb_calls = hyb["jobs"]
+    hyb_ranks = sorted(hyb_ranks, key=lambda r: r["pp_rank"])
+    hyb_calls = {c["pp_rank"]: c for c in hyb_calls}
+    rows = []
+    for r in hyb_ranks:
+        mamba = [g for g in r["kv_cache"]["groups"] if g["spec"] == "MambaSpec" and g["layers"]]
+        kv = [n for g in r["kv_cache"]["groups"] if g["spec"] != "MambaSpec" for n in g["layers"]]
+        rows.append({"pp_rank": r["pp_rank"], "layers": r["layers"],
+                     "linear-attention state (layers)": [n for g in mamba for n in g["layers"]],
+                     "state slots per request": sorted({1 + g["num_speculative_blocks"] for g in mamba}),
+                     "state per slot, KiB": sorted({round(plots.state_bytes(g) / 1024) for g in mamba}),
+                     "full-attention KV (layers)": kv,
+                     "drafter": (r["drafter"] or {}).get("model_class") if (r["drafter"] or {}).get("params") else None,
+                     "drafter calls (with PP input)": (f"{hyb_calls[r['pp_rank']]['calls']} "
+                                                       f"({hyb_calls[r['pp_rank']]['with_intermediates']})"
+                                                       if "calls" in hyb_calls[r["pp_rank"]] else "")})
+    display(pd.DataFrame(rows).set_index("pp_rank"))
+    plots.hybrid_state_lanes(hyb_ranks, hyb_calls, title=f"{HYBRID_MODEL} at PP={HYBRID_PP} + mtp:{hybrid_k}: "
+                             "what each rank keeps per request (read from the live workers)").show()
+
+# %% [markdown]
+# **What it shows:** the pipeline splits the model by layer, so the kinds of state split with it: the first stages
+# carry only fixed-size recurrent state (the same bytes per request at token 10 or token 10,000), the last stage
+# only growing KV. The green boxes give the state slots per request and the bytes of one slot (conv window plus
+# delta-rule matrix); the orange box the drafter's forward calls while it generated, and how many of them were
+# handed PP intermediates (none).
+
+# %%
+if HYBRID_PP:
+    last = hyb_ranks[-1]["pp_rank"]
+    gdn = {r["pp_rank"]: sorted(n for g in r["kv_cache"]["groups"] if g["spec"] == "MambaSpec" for n in g["layers"])
+           for r in hyb_ranks}
+    own = {r["pp_rank"]: sorted(f"model.layers.{i}.linear_attn" for i in r["layers"]
+                                if f"model.layers.{i}.linear_attn" in sum(gdn.values(), [])) for r in hyb_ranks}
+    claim(gdn == own and sum(map(len, gdn.values())) == 3,
+          f"each rank's mamba cache holds exactly its own Gated-DeltaNet layers ({sum(map(len, gdn.values()))} in all)", gdn)
+    kv = {r["pp_rank"]: sorted(n for g in r["kv_cache"]["groups"] if g["spec"] != "MambaSpec" for n in g["layers"])
+          for r in hyb_ranks}
+    claim(all(not v for rk, v in kv.items() if rk != last) and "model.layers.3.self_attn.attn" in kv[last]
+          and any(n.startswith("mtp.") for n in kv[last]),
+          f"full-attention KV only on rank {last}: layer 3's and the MTP layer's", kv)
+    slots = {1 + g["num_speculative_blocks"] for r in hyb_ranks for g in r["kv_cache"]["groups"]
+             if g["spec"] == "MambaSpec" and g["layers"]}
+    claim(slots == {1 + hybrid_k} and all(g["mamba_cache_mode"] == "none" for r in hyb_ranks
+                                          for g in r["kv_cache"]["groups"] if g["spec"] == "MambaSpec"),
+          f"with mtp:{hybrid_k} every request gets {1 + hybrid_k} state slots per linear-attention layer", slots)
+    drafters = [r["pp_rank"] for r in hyb_ranks if (r["drafter"] or {}).get("params")]
+    c = hyb_calls[last]
+    claim(drafters == [last] and hyb_ranks[-1]["drafter"]["model_class"] == "Qwen3_5MTP" and c["calls"] > 0
+          and c["with_intermediates"] == 0 and hyb_gen["spec"]["num_drafts"] > 0,
+          f"the Qwen3_5MTP drafter is on rank {last} only; its forward ran {c['calls']} times while "
+          f"{hyb_gen['spec']['num_drafts']} drafts were proposed, never with PP intermediates", (drafters, c))
 
 # %% [markdown]
 # ## Which node holds what

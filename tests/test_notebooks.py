@@ -42,10 +42,10 @@ def test_placement_notebook_fails_when_its_claim_breaks(tmp_path, no_leftovers):
     happen, and its assertion must stop papermill."""
     import papermill as pm
 
-    # PP_SIZES=[], NODES=1: no placement engine before the failure section (its claims then cover no PP size); the one engine
+    # PP_SIZES=[], NODES=1, HYBRID_PP=0: no placement engine before the failure section (its claims then cover no PP size); the one engine
     # started is the 'failure' run, which now starts fine.
     with pytest.raises(pm.PapermillExecutionError, match="expected the missing-drafter crash"):
-        _run("01_drafter_placement", tmp_path, PP_SIZES=[], NODES=1, PATCHES_FOR_FAILURE="all")
+        _run("01_drafter_placement", tmp_path, PP_SIZES=[], NODES=1, HYBRID_PP=0, PATCHES_FOR_FAILURE="all")
 
 
 def test_layer_types_notebook_fails_when_its_claim_breaks(tmp_path, no_leftovers):
