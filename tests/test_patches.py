@@ -1,5 +1,6 @@
 """Patch registry selection and the pure helpers of the correctness patches (small fakes allowed)."""
 import importlib
+import inspect
 import json
 import os
 from types import SimpleNamespace
@@ -713,7 +714,9 @@ def test_gdn_spec_conv_matches_the_no_spec_kernel(patched):
                                           silu_activation=True, conv_state_indices=idx, is_weight_packed=True,
                                           num_accepted_tokens=None)
     # The speculation-aware path's calls: unpacked weight, wide (slots, dim, width - 1 + k) buffer.
-    fwd, upd, unpacked = g.causal_conv1d_torch, g.causal_conv1d_update_cpu, g._unpacked_conv_weight
+    # vLLM's own functions, also when an earlier test in this process applied the kit's patches
+    fwd, upd, unpacked = (inspect.unwrap(f) for f in (g.causal_conv1d_torch, g.causal_conv1d_update_cpu,
+                                                       g._unpacked_conv_weight))
     if patched:
         fwd, upd, unpacked = m._wrap_fwd(fwd), m._wrap_update(upd), m._wrap_unpacked(unpacked)
     buf = torch.zeros(slots, dim, width - 1 + k).bfloat16()

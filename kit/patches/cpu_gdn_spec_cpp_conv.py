@@ -24,6 +24,7 @@ Turn off: ``KIT_PATCHES=all,-cpu_gdn_spec_cpp_conv``.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 
@@ -55,6 +56,7 @@ def _usable(weight, idx) -> object | None:
 
 
 def _wrap_unpacked(orig):
+    @functools.wraps(orig)
     def _unpacked_conv_weight(layer):
         w = orig(layer)
         if getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is w:   # packed at load: the C++ path's weight
@@ -65,6 +67,7 @@ def _wrap_unpacked(orig):
 
 
 def _wrap_fwd(orig):
+    @functools.wraps(orig)
     def causal_conv1d_fn_cpu(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
                              has_initial_state=None, activation="silu", **kwargs):
         import torch
@@ -87,6 +90,7 @@ def _wrap_fwd(orig):
 
 
 def _wrap_update(orig):
+    @functools.wraps(orig)
     def causal_conv1d_update_cpu(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None,
                                  **kwargs):
         import torch
