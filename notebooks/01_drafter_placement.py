@@ -144,7 +144,7 @@ if HYBRID_PP:
                      "state slots per request": sorted({1 + g["num_speculative_blocks"] for g in mamba}),
                      "state per slot, KiB": sorted({round(plots.state_bytes(g) / 1024) for g in mamba}),
                      "full-attention KV (layers)": kv,
-                     "drafter": (r["drafter"] or {}).get("model_class") if (r["drafter"] or {}).get("params") else None,
+                     "drafter": (r["drafter"] or {}).get("model_class") if (r["drafter"] or {}).get("params") else "",
                      "drafter calls (with PP input)": (f"{hyb_calls[r['pp_rank']]['calls']} "
                                                        f"({hyb_calls[r['pp_rank']]['with_intermediates']})"
                                                        if "calls" in hyb_calls[r["pp_rank"]] else "")})
