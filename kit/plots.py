@@ -407,7 +407,7 @@ def hybrid_state_lanes(ranks: list[dict], calls: dict[int, dict] | None = None,
                 else:
                     mtp = idx[0] == "mtp"
                     items.append(("full attention: KV per token", ("MTP attn" if mtp else f"L{idx[2]} attn") + "<br>KV",
-                                  (len(items) + 10) if mtp else int(idx[2]), "#3182bd",
+                                  None if mtp else int(idx[2]), "#3182bd",
                                   f"{name}: KV grows with the tokens, pages of {g['page_size_bytes']:,} bytes"))
         d = r.get("drafter") or {}
         if d.get("params"):
@@ -415,10 +415,10 @@ def hybrid_state_lanes(ranks: list[dict], calls: dict[int, dict] | None = None,
             items.append(("drafter", f"{d.get('model_class')}<br>{c.get('calls', '?')} calls, "
                           f"{c.get('with_intermediates', '?')} with PP input", None, "#e6550d",
                           f"{d.get('model_class')}: {d['params']:,} params"))
-        xs = [it[2] for it in items if it[2] is not None and it[2] < 10]
+        xs = [it[2] for it in items if it[2] is not None]   # None: the drafter's parts, right of the target's layers
         right = (max(xs) if xs else 0) + 1.3
         for kind, label, x, color, hover in items:
-            if x is None or x >= 10:
+            if x is None:
                 x, right = right, right + 1.3
             fig.add_trace(go.Bar(x=[1.1], y=[y], base=[x - 0.55], orientation="h", marker_color=color, name=kind,
                                  legendgroup=kind, showlegend=kind not in seen, text=[label],

@@ -164,9 +164,10 @@ if HYBRID_PP:
     last = hyb_ranks[-1]["pp_rank"]
     gdn = {r["pp_rank"]: sorted(n for g in r["kv_cache"]["groups"] if g["spec"] == "MambaSpec" for n in g["layers"])
            for r in hyb_ranks}
+    layer_types = Topology(model=HYBRID_MODEL, random_weights=True).info.config["layer_types"]
     own = {r["pp_rank"]: sorted(f"model.layers.{i}.linear_attn" for i in r["layers"]
-                                if f"model.layers.{i}.linear_attn" in sum(gdn.values(), [])) for r in hyb_ranks}
-    claim(gdn == own and sum(map(len, gdn.values())) == 3,
+                                if layer_types[i] == "linear_attention") for r in hyb_ranks}
+    claim(gdn == own and sum(map(len, gdn.values())) == layer_types.count("linear_attention"),
           f"each rank's mamba cache holds exactly its own Gated-DeltaNet layers ({sum(map(len, gdn.values()))} in all)", gdn)
     kv = {r["pp_rank"]: sorted(n for g in r["kv_cache"]["groups"] if g["spec"] != "MambaSpec" for n in g["layers"])
           for r in hyb_ranks}

@@ -527,7 +527,6 @@ def test_glm4_moe_stage_without_moe_layers(patched):
 
 
 _IMPORT_QWEN3_5_MTP = """
-import importlib
 import json
 from kit.patches import apply_selected
 apply_selected()   # what the vllm.general_plugins entry point does in every vLLM process

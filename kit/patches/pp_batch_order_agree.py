@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable, Iterable
+from typing import Iterable
 
 from . import Kind, Patch, Proc, Runner, install
 
@@ -38,11 +38,6 @@ def pipeline_threshold(thresholds: Iterable[int | None]) -> int | None:
     """The smallest threshold any stage asks for (``None``: that stage does not reorder), vLLM's per-worker rule."""
     asked = [t for t in thresholds if t is not None]
     return min(asked) if asked else None
-
-
-def agree(local: int | None, gather: Callable[[int | None], list]) -> int | None:
-    """This rank's threshold once every rank's ``local`` value is known (``gather``: one value per rank)."""
-    return pipeline_threshold(gather(local))
 
 
 def _gather_over_pp(value):
@@ -67,7 +62,7 @@ def _wrap(orig):
     def calculate_reorder_batch_threshold(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
         if self.parallel_config.pipeline_parallel_size > 1:
-            self.reorder_batch_threshold = agree(self.reorder_batch_threshold, _gather_over_pp)
+            self.reorder_batch_threshold = pipeline_threshold(_gather_over_pp(self.reorder_batch_threshold))
         return out
 
     return calculate_reorder_batch_threshold
