@@ -39,7 +39,8 @@ def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | Non
 
 
 def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: dict | None = None,
-                    batches: list[int] | None = None, timing: bool = False, trace: bool = False) -> dict[int, dict]:
+                    batches: list[int] | None = None, timing: bool = False, trace: bool = False,
+                    token_ids: bool = False) -> dict[int, dict]:
     """One fresh engine, each batch size in turn: the prompts submitted ``batch`` at a time (one ``generate``
     call per group, the next after the previous finished), decode tokens/s over all groups.
 
@@ -47,7 +48,8 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
     (:func:`kit.workerext.kit_timing_start`), reduced to per-step components (:func:`kit.payoff.step_components`).
     ``trace``: every step on every rank is traced during each batch size's groups (:mod:`kit.steptrace`); the row
     gets the run's :func:`kit.steptrace.summary` under ``timeline`` and the merged events under ``trace_events``.
-    Returns ``{batch: row}``.
+    ``token_ids``: each row also carries the generated token ids per prompt (in prompt order) and the draft
+    counters, the clock-free part of the run. Returns ``{batch: row}``.
     """
     from . import steptrace
     from .payoff import step_components
@@ -97,6 +99,9 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
             "peak_rss_mib": {kk: round(v / 2**20) for kk, v in res["peak_rss"].items()},
             "components": step_components(reads, k, b) if reads else None,
         }
+        if token_ids:
+            rows[b]["token_ids"] = [t for g in groups for t in g["token_ids"]]
+            rows[b]["num_drafts"], rows[b]["num_accepted_tokens"] = drafts, acc
         if trace:
             rows[b]["timeline"] = steptrace.summary(events)
             rows[b]["trace_events"] = events

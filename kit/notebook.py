@@ -20,22 +20,40 @@ NOTEBOOKS = REPO_ROOT / "notebooks"
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
-def setup() -> None:
+_TIMED_CLAIMS = True
+
+
+def setup(timed_claims: bool = True) -> None:
     """What every notebook needs before its first figure.
 
     JupyterLab renders the plotly mime type; the HTML report (nbconvert) gets plotly.js embedded once
-    per notebook, so the report opens offline.
+    per notebook, so the report opens offline. ``timed_claims=False`` (the notebooks' CI parameters) prints
+    claims marked ``timed`` without asserting them: see :func:`claim`.
     """
     import plotly.io as pio
 
+    global _TIMED_CLAIMS
+    _TIMED_CLAIMS = bool(timed_claims)
     pio.renderers.default = "plotly_mimetype+notebook"
 
 
-def claim(holds: bool, text: str, detail: object = None) -> None:
-    """Assert one claim of a notebook and print it as ``CLAIM: text`` (the report collects these lines)."""
+def claim(holds: bool, text: str, detail: object = None, *, timed: bool = False) -> None:
+    """Assert one claim of a notebook and print it as ``CLAIM: text`` (the report collects these lines).
+
+    ``timed=True`` marks a claim that reads a measured time, speed or speed ratio of this run. On a shared
+    machine the load alone can flip such a claim, so it is asserted only where the notebook asks for it
+    (``setup(timed_claims=True)``: the report run); with ``timed_claims=False`` (the CI parameters) it is
+    printed as ``TIMED, NOT ASSERTED: text (held | did not hold ...)`` and the run goes on.
+    ``tests/test_clock_free.py`` fails on an unmarked claim that reads the clock, and on a marked one that
+    does not.
+    """
+    if timed and not _TIMED_CLAIMS:
+        outcome = "held" if holds else "did not hold" + (f": {detail}" if detail is not None else "")
+        print(f"TIMED, NOT ASSERTED: {text} ({outcome} in this run)", flush=True)
+        return
     if not holds:
         raise AssertionError(f"{text}: does not hold" + (f" ({detail})" if detail is not None else ""))
-    print(f"CLAIM: {text}", flush=True)
+    print(f"CLAIM: {text}" + (" [timed]" if timed else ""), flush=True)
 
 
 # -- the .py <-> .ipynb pairing --------------------------------------------------------------------

@@ -24,7 +24,7 @@ from .topology import TopologyError
 NOTEBOOKS = REPO_ROOT / "notebooks"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # Lines a notebook prints once an assertion has passed.
-CLAIM_LINE = re.compile(r"^(CLAIM:|claims? holds?\b|as expected\b|checked\b)", re.I)
+CLAIM_LINE = re.compile(r"^(CLAIM:|TIMED, NOT ASSERTED:|claims? holds?\b|as expected\b|checked\b)", re.I)
 
 
 def notebooks() -> list[Path]:

@@ -37,6 +37,7 @@ NUM_PROMPTS = 4
 MAX_TOKENS = 96
 BAND = 0.15          # the model's band: a measured speed-up agrees when within ±15 % of the prediction
 LIVE_BAND = 0.25     # the live run's band (a few short requests on a shared machine: noisier)
+TIMED_CLAIMS = True  # assert the live run's speed claims (CI: False, printed only: the machine's load can flip them)
 
 # %%
 import json
@@ -48,7 +49,7 @@ import kit
 import kit.notebook
 from kit import payoff, payoff_plots
 from kit.notebook import claim
-kit.notebook.setup()
+kit.notebook.setup(timed_claims=TIMED_CLAIMS)
 
 # %% [markdown]
 # **Predict, then run:** a step with k = 2 drafts costs 1.3 plain steps (T(2) / T(0) = 1.3). At a = 0.8, what is the
@@ -204,7 +205,7 @@ prompts = load_prompts(PROMPTS, limit=NUM_PROMPTS)
 records = []
 for spec in LIVE_SPECS:
     topo = Topology(model=LIVE_MODEL, pp=LIVE_PP, spec=None if spec == "none" else spec)
-    for b, r in measure_batches(topo, prompts, MAX_TOKENS, batches=[LIVE_BATCH], timing=True).items():
+    for b, r in measure_batches(topo, prompts, MAX_TOKENS, batches=[LIVE_BATCH], timing=True, token_ids=True).items():
         records.append({"model": LIVE_MODEL, "trained": True, "topology": f"pp{LIVE_PP} {spec} b{b}", "pp": LIVE_PP,
                         "spec": spec, "k": topo.spec.k if topo.spec else 0, "batch": b, **r})
 live = payoff_rows(aggregate(records))
@@ -214,7 +215,20 @@ pd.DataFrame([{"spec": r["label"], "decode tok/s": round(r["decode_tok_s"], 1),
                "forward ms": round(1e3 * r["components"]["forward_s"], 2),
                "draft ms": round(1e3 * r["components"]["draft_s"], 2)} for r in live])
 
+# %% [markdown]
+# What this run asserts in every setting is what the clock cannot change: speculation left the greedy tokens as they
+# were, and the drafter's drafts were accepted. Its speed claims are *timed*: the report run asserts them; under
+# the CI parameters (`TIMED_CLAIMS = False`) each is printed with its outcome and not asserted, since on a shared
+# 2-core machine the load alone can flip a short run's speed-up. The speed-ups with intervals are `kit bench`'s.
+
 # %%
+plain_rec = next(x for x in records if x["k"] == 0)
+for x in records:
+    if x["k"]:
+        claim(x["token_ids"] == plain_rec["token_ids"], f"live {LIVE_MODEL} {x['spec']}: the same "
+              f"{sum(map(len, x['token_ids']))} greedy tokens as without speculation")
+        claim(x["num_accepted_tokens"] > 0, f"live {LIVE_MODEL} {x['spec']}: {x['num_accepted_tokens']} of "
+              f"{x['num_drafts'] * x['k']} drafted tokens accepted")
 base = next(r for r in live if r["k"] == 0)
 ref = payoff.costs_by_group(live)[(LIVE_MODEL, LIVE_PP, LIVE_BATCH)]  # this run's costs, not the table's machine state
 for r in live:
@@ -226,9 +240,9 @@ for r in live:
     print(f"{r['label']}: measured {got:.2f}x, predicted {want:.2f}x (a = "
           f"{payoff.acceptance_for_length(r['tokens_per_forward'], r['k']):.3f}, break-even a* = {a_star})")
     claim(abs(want / got - 1) <= LIVE_BAND, f"live {LIVE_MODEL} {r['label']}: the measured speed-up is within "
-          f"±{LIVE_BAND:.0%} of the prediction", (round(got, 3), round(want, 3)))
+          f"±{LIVE_BAND:.0%} of the prediction", (round(got, 3), round(want, 3)), timed=True)
     if LIVE_MODEL == "mimo-py-18m" and r["k"] == 2:
-        claim(got > 1.0, f"live: {LIVE_MODEL} MTP k=2 beats no speculation", round(got, 3))
+        claim(got > 1.0, f"live: {LIVE_MODEL} MTP k=2 beats no speculation", round(got, 3), timed=True)
 redraw(payoff.acceptance_for_length(live[-1]["tokens_per_forward"], live[-1]["k"]), live[-1]["k"])
 
 # %% [markdown]

@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -27,10 +26,8 @@ def scratch():
 
 @pytest.mark.parametrize("case", bad_input.CASES, ids=[f"{i + 1}-{c.what}" for i, c in enumerate(bad_input.CASES)])
 def test_the_table(case, scratch):
-    t0 = time.monotonic()
     out = bad_input.run_case(case, scratch)
-    assert out.problems(case) == [], (case.command, out)
-    assert time.monotonic() - t0 < 5
+    assert out.problems(case) == [], (case.command, out)  # includes: no process started, no file written
 
 
 def test_the_table_has_what_the_docs_promise():
@@ -106,10 +103,11 @@ def _t(**kw) -> Topology:
 
 
 def _refused(fn, fragment: str) -> None:
-    t0 = time.monotonic()
-    with pytest.raises(TopologyError, match=fragment):
+    """Refused before anything starts: process creation is blocked while ``fn`` runs (as in the table)."""
+    started: list[str] = []
+    with bad_input._no_processes(started), pytest.raises(TopologyError, match=fragment):
         fn()
-    assert time.monotonic() - t0 < 5
+    assert started == [], started
 
 
 def test_tp_times_pp_beyond_the_cpu(no_leftovers):

@@ -1,17 +1,15 @@
-"""The CLI refuses bad input with exit 2 in seconds, before any engine starts."""
+"""The CLI refuses bad input with one line and exit 2 (that nothing starts first is checked in-process, with process
+creation blocked, by tests/test_bad_input.py)."""
 import subprocess
 import sys
-import time
 
 import pytest
 
 from conftest import MODEL, ROOT
 
 
-def kit(*args, timeout=60):
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    return p, time.monotonic() - t0
+def kit(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -25,24 +23,23 @@ def kit(*args, timeout=60):
     (["--max-tokens", "100000"], "exceeds the model length"),
 ])
 def test_compare_refuses_bad_input_fast(args, fragment):
-    p, secs = kit("compare", "--model", MODEL, "--random", *args)
+    p = kit("compare", "--model", MODEL, "--random", *args)
     assert p.returncode == 2, p.stderr
     assert fragment in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
-    assert secs < 20
 
 
 def test_bad_prompt_file(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "ok"}\n{"text": "wrong key"}\n')
-    p, _ = kit("compare", "--model", MODEL, "--random", "--prompts", str(f))
+    p = kit("compare", "--model", MODEL, "--random", "--prompts", str(f))
     assert p.returncode == 2 and "p.jsonl:2" in p.stderr
 
 
 def test_doctor_reports_versions_and_patches():
     import json
 
-    p, _ = kit("doctor", "--json", timeout=180)
+    p = kit("doctor", "--json", timeout=180)
     assert p.returncode == 0, p.stderr
     info = json.loads(p.stdout.strip().splitlines()[-1])
     assert info["vllm"] == "0.32.0"
@@ -122,7 +119,7 @@ def test_every_subcommand_is_reachable_as_kit_and_python_m_kit(cmd, flag):
     import os
     import shutil
 
-    p, _ = kit(*cmd, "--help", timeout=120)
+    p = kit(*cmd, "--help", timeout=120)
     assert p.returncode == 0 and flag in p.stdout, (p.stdout, p.stderr)
     exe = shutil.which("kit", path=os.path.dirname(sys.executable))
     if exe:  # the console script of the installed package
@@ -138,10 +135,9 @@ def test_every_subcommand_is_reachable_as_kit_and_python_m_kit(cmd, flag):
     (["pd", "--concurrency", "0"], "--concurrency must be >= 1"),
 ])
 def test_every_error_is_one_line_and_exit_2(args, fragment):
-    p, secs = kit(*args)
+    p = kit(*args)
     assert p.returncode == 2 and fragment in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("kit"), p.stderr
-    assert secs < 20
 
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):

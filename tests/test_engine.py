@@ -3,7 +3,6 @@
 Start/stop without leftovers is checked after every engine test by the ``no_leftovers`` fixture, and over 20
 cycles by ``tests/test_reliability.py`` (``-m slow``)."""
 import json
-import time
 
 import pytest
 
@@ -54,11 +53,9 @@ def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
 def test_engine_failure_surfaces_with_root_cause_fast(no_leftovers):
     # Stock vLLM 0.32 cannot start PP=2 + MTP: the non-last rank touches the missing drafter.
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
-    t0 = time.monotonic()
     with pytest.raises(engine.EngineError) as e:
         engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCHES": "all,-drafter_only_on_last_rank"},
                         timeout=600)
     assert "has no attribute 'drafter'" in str(e.value)
-    # Start-up on a quiet 2-core machine takes about 30 s; a worker's death must end the run right away, not at
-    # the deadline.
-    assert time.monotonic() - t0 < 180
+    # A worker's death ends the run when it happens, not at the deadline (whose error says "(deadline)").
+    assert "(deadline)" not in str(e.value), str(e.value)

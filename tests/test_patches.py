@@ -389,26 +389,26 @@ def test_accepted_count_survives_a_step_out_of_the_batch(monkeypatch, patched, l
 
 
 def test_decode_side_rule_is_checked_before_any_process_starts():
-    """The kit refuses decode-side PP + spec without the fix in-process, in well under a second."""
-    import time
-
-    from kit import engine, pd
+    """The kit refuses decode-side PP + spec without the fix in-process, with process creation blocked (as the
+    bad-input table runs its cases): nothing is started to find out."""
+    from kit import bad_input, engine, pd
     from kit.topology import Topology, TopologyError
 
     t = Topology(model="tiny-mimo", random_weights=True, pp=2, spec="mtp:1")
-    t0 = time.monotonic()
-    with pytest.raises(TopologyError, match="only supported on the\\s+prefill side"):
-        engine.run(t, [], env={"KIT_PATCHES": "all,-pp_spec_token_history"})
-    with pytest.raises(TopologyError, match="refused by the kit before starting vLLM"):
-        engine.Server(t, env={"KIT_PATCHES": "decode_side_pp_spec_rule"}).start()
-    # A consumer PP=2 + MTP without the fix: refused when the pair is built; the producer side is allowed.
-    with pytest.raises(TopologyError, match="prefill side"):
-        pd.PDPair(Topology(model="tiny-mimo", random_weights=True, pp=2), t, env={"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
-    engine.precheck(t.with_(pd_role="producer", connector="nixl-push"), {"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
-    # With the fix active (default), or with the rule itself off, nothing is refused.
-    engine.precheck(t, {})
-    engine.precheck(t, {"KIT_PATCHES": "none"})
-    assert time.monotonic() - t0 < 5
+    started: list[str] = []
+    with bad_input._no_processes(started):
+        with pytest.raises(TopologyError, match="only supported on the\\s+prefill side"):
+            engine.run(t, [], env={"KIT_PATCHES": "all,-pp_spec_token_history"})
+        with pytest.raises(TopologyError, match="refused by the kit before starting vLLM"):
+            engine.Server(t, env={"KIT_PATCHES": "decode_side_pp_spec_rule"}).start()
+        # A consumer PP=2 + MTP without the fix: refused when the pair is built; the producer side is allowed.
+        with pytest.raises(TopologyError, match="prefill side"):
+            pd.PDPair(Topology(model="tiny-mimo", random_weights=True, pp=2), t, env={"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
+        engine.precheck(t.with_(pd_role="producer", connector="nixl-push"), {"KIT_PATCHES": "all,-pp_spec_schedule_gate"})
+        # With the fix active (default), or with the rule itself off, nothing is refused.
+        engine.precheck(t, {})
+        engine.precheck(t, {"KIT_PATCHES": "none"})
+    assert started == [], started
 
 
 _IDLE_AGENT = r"""
@@ -424,6 +424,44 @@ print(json.dumps({"cpu": time.process_time() - c0, "wall": time.monotonic() - t0
 """
 
 
+_AGENT_DELAY = r"""
+import json
+from kit.patches import apply_selected
+apply_selected()   # what the vllm.general_plugins entry point does in every vLLM process
+from vllm.distributed.nixl_utils import NixlWrapper, nixl_agent_config
+import nixl._api as api
+real = getattr(api.nixlBind, "__wrapped__", api.nixlBind)   # the compiled bindings module
+seen = []
+create = real.nixlAgent
+def record(name, cfg):
+    seen.append(cfg.pthrDelay)
+    return create(name, cfg)
+real.nixlAgent = record
+agent = NixlWrapper("idle", nixl_agent_config(num_threads=4, capture_telemetry=True))  # vLLM's own config
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("selection", ["patch-off", "patch-on"])
+def test_nixl_progress_delay_sets_the_agents_poll_timeout(selection):
+    """A real NIXL agent created the way vLLM 0.32's connector creates it: the configuration it reaches the
+    compiled bindings with. Off (stock): nixl's hard-coded pthrDelay = 0 (the busy poll); on: 1000 us.
+    Clock-free; what the delay does to an idle agent's CPU is measured by the slow test below."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("nixl")
+    env = dict(os.environ, KIT_PATCHES="all,-nixl_progress_delay" if selection == "patch-off" else "all")
+    env.pop("KIT_NIXL_PTHR_DELAY_US", None)
+    out = subprocess.run([sys.executable, "-c", _AGENT_DELAY], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == ([0] if selection == "patch-off" else [1000]), seen
+
+
+@pytest.mark.slow  # reads CPU time against the wall clock: a loaded machine moves it (the default selection checks the delay)
 @pytest.mark.parametrize("selection", ["patch-off", "patch-on"])
 def test_nixl_progress_delay_stops_the_idle_agent_spinning(selection):
     """A real NIXL agent created the way vLLM 0.32's connector creates it, doing nothing for 3 s.
