@@ -4,7 +4,7 @@ A model directory holds ``config.json``, tokenizer files and ``weights.json`` (t
 shapes). A trained model also holds ``model.safetensors``. ``--random`` weights are written by
 :func:`random_checkpoint` from ``weights.json`` with a normal init (std 0.02, norms at 1, biases at 0)
 and a seed: vLLM's ``load_format="dummy"`` fills weights in about +-1e-3, which makes every greedy
-step a near-tie (``docs/findings.md#dummy-weights-are-near-ties``), so the kit never uses it for correctness work.
+step a near-tie (``docs/cpu-notes.md#dummy-weights-are-near-ties``), so the kit never uses it for correctness work.
 """
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def weights_manifest_from_safetensors(path: Path) -> dict:
 def model_requirements(info: ModelInfo, device: str, spec: object | None) -> tuple[str | None, dict[str, Any]]:
     """What a model family needs from vLLM 0.32 beyond the topology: ``(dtype or None, extra engine args)``.
 
-    The one place for model-specific settings (measured on vLLM 0.32.0 CPU, ``docs/findings.md#qwen35-hybrid-gdn-under-pp-and-mtp``):
+    The one place for model-specific settings (measured on vLLM 0.32.0 CPU, ``docs/cpu-notes.md#gated-deltanet-models-on-cpu-engine-settings``):
 
     - Gated-DeltaNet layers (``layer_types`` with ``linear_attention``: Qwen3.5, Qwen3-Next) on CPU need bfloat16:
       the CPU GDN kernel asserts it ("CPU GDN attention requires BF16."). The kit's float32 default gives way to it

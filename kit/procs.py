@@ -3,7 +3,7 @@
 Every vLLM run the kit starts is a subprocess in a new session (its own process group), so the
 whole tree (engine core, PP workers, ``resource_tracker``) can be ended together. Teardown sends
 SIGTERM, waits a grace period, then SIGKILL: stock vLLM workers and the resource tracker ignore
-SIGTERM after a failure (``docs/findings.md#processes-that-outlive-their-caller``). Each command runs
+SIGTERM after a failure (``docs/cpu-notes.md#processes-that-outlive-their-caller``). Each command runs
 under :mod:`kit.guard`, which ends the group when the kit's process dies without its teardown, and
 :func:`kill_all` runs at interpreter exit.
 """

@@ -35,7 +35,7 @@ class Probe:
 PROBES = [
     Probe("tiny-deepseek-v3", "mtp:1", "DeepSeek-V3 MLA + `deepseek_mtp`"),
     Probe("tiny-deepseek-v3", "mtp:1", "DeepSeek-V3 MLA + `deepseek_mtp`", dtype="bfloat16",
-          why="the CPU MLA backend was seen in bf16 (docs/findings.md#other-drafter-families-on-cpu)"),
+          why="the CPU MLA backend was seen in bf16 (docs/cpu-notes.md#other-drafter-families-on-cpu)"),
     Probe("tiny-llama-swa", "eagle3:1", "Llama sliding/full `layer_types` + `llama_eagle3`"),
     Probe("tiny-glm4-moe", "mtp:1", "GLM-4 MoE + `glm4_moe_mtp`"),
     Probe("tiny-qwen3_5", "mtp:1", "Qwen3.5 Gated-DeltaNet hybrid + `qwen3_5_mtp`", dtype="bfloat16",

@@ -117,7 +117,7 @@ for pp, ranks in layouts.items():
 # One layer per rank: ranks 0-2 each hold one Gated-DeltaNet layer's state and no KV at all; rank 3 holds layer 3's
 # KV, the MTP layer's KV and the drafter. Each request gets 1 + k = 3 state slots per linear-attention layer (the state
 # after each verified token, so the next step continues from the last accepted one). The drafter runs on rank 3
-# only and is never given another rank's hidden states: the seed's claim for `qwen3_5_mtp`, checked on the running
+# only and is never given another rank's hidden states: vLLM PR #46003's claim for `qwen3_5_mtp`, checked on the running
 # engine. A pipeline whose stages hold different kinds of layers needed kit patches to start
 # (`pp_kv_layout_intersect`) and to give the PP=1 tokens when requests enter mid-run (`pp_batch_order_agree`; without
 # speculation also `pp_mamba_align_attention_stage`): see `docs/findings.md`.

@@ -191,7 +191,7 @@ claim(fixed_tokens == ref.token_ids, f"Eagle3 at PP={PP} gives the reference's t
 # %% [markdown]
 # ## The old behaviour: the per-rank count, where the picture predicts a clash
 # The kit's teaching patch `eagle3_per_rank_layers_legacy` makes the drafter use `get_num_layers(parallel_config)`
-# (what vLLM did before the seed PR) for `target_layer_num`. The engine below runs at `PP`; the picture above
+# (what vLLM did before PR #46003) for `target_layer_num`. The engine below runs at `PP`; the picture above
 # predicts its draft layer's name (about 25 s on 2 cores until the last rank refuses).
 
 # %%

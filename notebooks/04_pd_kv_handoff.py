@@ -20,7 +20,7 @@
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"
 RANDOM_WEIGHTS = False
-PRODUCER_PP = 2          # the seed's scenario: PP=2 + MTP prefill server (push connector); 1 = pull
+PRODUCER_PP = 2          # vLLM PR #46003's scenario: PP=2 + MTP prefill server (push connector); 1 = pull
 PRODUCER_SPEC = "mtp:2"
 CONSUMER_PP = 1
 CONSUMER_SPEC = "mtp:2"
@@ -292,7 +292,7 @@ display(Markdown(
 
 # %% [markdown]
 # ## What does not run on vLLM 0.32 (CPU), observed
-# - **Producer PP=2 + MTP** (the seed's scenario, run above) needs the push connector (the only 0.32 NIXL mode
+# - **Producer PP=2 + MTP** (the scenario of vLLM PR #46003, run above) needs the push connector (the only 0.32 NIXL mode
 #   that pairs different PP sizes) and three kit patches. Stock, the producer's last PP worker fails while
 #   registering its KV regions (`assert num_local_layers > 0 and self.num_regions % num_local_layers == 0`: 2
 #   target layers *plus* the MTP layer's KV on that rank; `nixl_pp_draft_regions`). And on a CPU host the pair
@@ -308,9 +308,9 @@ display(Markdown(
 #   decode instances have incompatible configurations`) unless the check is turned off, as in the run above.
 #
 # ## The decode-side rule
-# The seed PR forbids MTP with PP>1 on a decode (consumer) server, because stock vLLM's PP + speculation
-# produces wrong tokens. With the kit's correctness patches active it is allowed (and verified above for the
-# producer; the tests check a PP=2 consumer too). With them off, the kit's `decode_side_pp_spec_rule` patch
+# vLLM PR #46003 (not in 0.32.0) forbids MTP with PP>1 on a decode (consumer) server, because stock vLLM's
+# PP + speculation produces wrong tokens. With the kit's correctness patches active it is allowed (and verified
+# above for the producer; the tests check a PP=2 consumer too). With them off, the kit's `decode_side_pp_spec_rule` patch
 # refuses the engine with a ValueError at configuration time (inside every vLLM process); the kit checks the
 # same rule before it starts anything, so the refusal below takes milliseconds.
 

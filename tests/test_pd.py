@@ -276,7 +276,8 @@ def test_router_streaming_and_concurrent_requests(no_leftovers):
 @pytest.mark.engine
 @pytest.mark.pd
 def test_pp2_mtp_producer_to_pp1_consumer_is_token_identical(tmp_path, no_leftovers):
-    """The seed scenario: PP=2 + MTP k=2 on the prefill side, PP=1 + MTP k=2 decode. Push connector (heterogeneous PP).
+    """vLLM PR #46003's scenario: PP=2 + MTP k=2 on the prefill side, PP=1 + MTP k=2 decode. Push connector
+    (heterogeneous PP).
 
     Tokens, bytes (4 target layers from two PP ranks + the MTP layer), zero recomputation, one transfer per
     producer rank per request. Before ``nixl_cpu_affinity`` this pair stalled for minutes in about half of the runs.

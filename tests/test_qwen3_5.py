@@ -1,6 +1,6 @@
 """Qwen3.5 (Gated-DeltaNet + full attention hybrid) with its MTP drafter under PP, on live vLLM workers.
 
-The seed's claim for ``qwen3_5_mtp`` (vLLM #46003): the drafter lives on the last PP rank and never reads PP
+vLLM PR #46003's claim for ``qwen3_5_mtp``: the drafter lives on the last PP rank and never reads PP
 intermediates. ``kit.patches.upstream_checks`` reports it as upstream from the source text; here it is read
 from a running PP=2 engine: where the drafter and each rank's linear-attention (mamba cache) state live, and
 what the drafter's forward was given on every call while it generated.

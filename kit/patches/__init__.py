@@ -76,7 +76,7 @@ INDEX: tuple[str, ...] = (
     "nixl_pp_draft_regions",
     "nixl_pp_consumer",
     "nixl_progress_delay",
-    # the seed PR's rule, conditioned on the correctness patches
+    # vLLM PR #46003's rule, conditioned on the correctness patches
     "decode_side_pp_spec_rule",
     # report only: fixed in the vLLM the kit targets, detected and shown by `kit doctor`
     "draft_pp_gate",

@@ -222,7 +222,7 @@ PATCH = Patch(
     removal="when vLLM's CPU GDN speculative roll handles steps shorter than 1 + k",
     tests=("tests/test_qwen3_5.py::test_gdn_short_spec_steps_off_and_on (off and on, -m slow)",
            "tests/test_qwen3_5.py::test_verified_tokens_computed_as_decode_steps_off_and_on (off and on, -m slow)"),
-    findings="qwen35-hybrid-gdn-under-pp-and-mtp",
+    findings="cpu-gdn-speculation-steps-with-fewer-than-k-drafts",
     apply=_apply,
     needed=_needed,
 )

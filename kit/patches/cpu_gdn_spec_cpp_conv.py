@@ -136,7 +136,7 @@ PATCH = Patch(
     removal="when the speculation-aware CPU GDN path uses the C++ conv on the CPUs the no-spec path does",
     tests=("tests/test_patches.py::test_gdn_spec_conv_matches_the_no_spec_kernel",
            "tests/test_qwen3_5.py::test_random_weights_spec_matches_no_spec_off_and_on (off and on, -m slow)"),
-    findings="qwen35-hybrid-gdn-under-pp-and-mtp",
+    findings="cpu-gdn-speculation-torch-conv-fallback-without-amx",
     apply=_apply,
     needed=_needed,
 )

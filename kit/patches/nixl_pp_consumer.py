@@ -240,7 +240,7 @@ PATCH = Patch(
     removal="when NIXL accepts decode-side PP",
     tests=("tests/test_pd.py::test_pp2_consumer_is_fed_stage_by_stage[patch-off] (pd)",
            "tests/test_pd.py::test_pp2_consumer_is_fed_stage_by_stage[patch-on] (pd)"),
-    findings="nixl-with-pp-producers-and-consumers",
+    findings="nixl-refuses-a-pp-consumer",
     apply=_apply,
     needed=_needed,
 )

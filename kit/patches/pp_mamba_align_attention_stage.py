@@ -83,7 +83,7 @@ PATCH = Patch(
     removal="when the runner's mamba align steps accept a PP stage without mamba groups",
     tests=("tests/test_patches.py::test_attention_only_stage_leaves_align_mode",
            "tests/test_qwen3_5.py::test_pp4_without_speculation_off_and_on (off and on, -m slow)"),
-    findings="qwen35-hybrid-gdn-under-pp-and-mtp",
+    findings="attention-only-pp-stage-in-mamba-align-mode",
     apply=_apply,
     needed=_needed,
 )

@@ -116,7 +116,7 @@ PATCH = Patch(
            "tests/test_patches.py::test_accepted_count_survives_a_step_out_of_the_batch (off and on, both ranks)",
            "tests/test_qwen3_5.py::test_pp2_mtp_accepted_drafts_continue_from_the_right_state_off_and_on "
            "(off and on, -m slow)"),
-    findings="qwen35-hybrid-gdn-under-pp-and-mtp",
+    findings="accepted-count-reset-under-pp-on-hybrid-models",
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

@@ -129,7 +129,7 @@ PATCH = Patch(
             "cleanly beside the CPU torch)",
     tests=("tests/test_patches.py::test_qwen3_5_mtp_imports_without_torchvision[patch-off]",
            "tests/test_patches.py::test_qwen3_5_mtp_imports_without_torchvision[patch-on]"),
-    findings="torchvision-breaks-import-vllm",
+    findings="qwen35-does-not-import-without-torchvision",
     apply=_apply,
     needed=_needed,
 )

@@ -86,7 +86,7 @@ PATCH = Patch(
     removal="when vLLM binds the Ray executor's store to the node address, or torch's TCPStore binds its host name",
     tests=("tests/test_multinode.py::test_tcp_store_bind_host_off_and_on",
            "tests/test_ray.py::test_pp2_mtp2_on_ray_executor_two_nodes"),
-    findings="the-ray-executor-on-the-cpu-build",
+    findings="ray-executor-the-rendezvous-store-listens-on-every-interface",
     apply=_apply,
     needed=_needed,
 )
