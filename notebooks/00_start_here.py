@@ -42,9 +42,9 @@ SHOW_DOCTOR = True       # run `kit doctor` below (about 10 s; the report lists 
 
 # %%
 import kit
-import kit.compare
-import kit.notebook
-kit.notebook.setup()
+import kit.checks.compare
+import kit.lab.notebook
+kit.lab.notebook.setup()
 
 # %% [markdown]
 # ## The machine and the kit
@@ -62,8 +62,8 @@ if SHOW_DOCTOR:
 # 45 s: 15-25 s per engine, most of it vLLM starting; a status line under the cell shows the phase.
 
 # %%
-from kit.topology import Topology
-from kit.compare import compare, load_prompts
+from kit.core.topology import Topology
+from kit.checks.compare import compare, load_prompts
 
 topo = Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=PP, spec=SPEC)
 prompts = load_prompts(limit=NUM_PROMPTS)
@@ -74,7 +74,7 @@ print("identical :", d["identical"], " first divergence:", d["first_divergence"]
 print("acceptance:", d["acceptance"])
 
 # %%
-from kit import plots
+from kit.lab import plots
 plots.token_match(cmp.reference.token_ids, cmp.result.token_ids,
                   title=f"{topo.label()} vs PP=1 no-spec: green = same token").show()
 
@@ -84,7 +84,7 @@ plots.token_match(cmp.reference.token_ids, cmp.result.token_ids,
 # produced (fewer target forwards when drafts are accepted), never *which* tokens.
 
 # %%
-from kit.notebook import claim
+from kit.lab.notebook import claim
 claim(d["identical"], f"{topo.label()} gives the reference's tokens, all {sum(map(len, cmp.reference.token_ids))} of them",
       d["first_divergence"])
 claim(d["acceptance"]["num_drafts"] > 0, f"the drafter ran: {d['acceptance']['num_accepted_tokens']} draft tokens accepted")
@@ -127,7 +127,7 @@ claim(acc.num_accepted_tokens > 0 and acc.num_drafts < generated,
 
 # %%
 from kit import engine
-from kit.compare import first_divergence
+from kit.checks.compare import first_divergence
 broken = engine.generate(topo, prompts, max_tokens=MAX_TOKENS, env={"KIT_PATCHES": BREAK_PATCHES})
 ref_ids = cmp.reference.token_ids
 plots.token_match_side_by_side(ref_ids, {"pp_spec_schedule_gate off": broken.token_ids,

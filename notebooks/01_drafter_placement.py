@@ -29,9 +29,9 @@ HYBRID_PP = 4                   # its PP size (0: skip that section)
 
 # %%
 import kit
-import kit.compare
-import kit.notebook
-kit.notebook.setup()
+import kit.checks.compare
+import kit.lab.notebook
+kit.lab.notebook.setup()
 
 # %% [markdown]
 # One engine per PP size in `PP_SIZES`, each started, asked and stopped (on 2 cores about 25 s at PP=2 and
@@ -40,11 +40,12 @@ kit.notebook.setup()
 
 # %%
 import pandas as pd
-from kit import plots, steptrace
-from kit.compare import load_prompts
-from kit.notebook import claim
-from kit.placement import summary_rows, traced_placement
-from kit.topology import Topology
+from kit.lab import plots
+from kit.worker import steptrace
+from kit.checks.compare import load_prompts
+from kit.lab.notebook import claim
+from kit.checks.placement import summary_rows, traced_placement
+from kit.core.topology import Topology
 from IPython.display import Markdown
 
 trace_prompts = load_prompts(limit=TRACE_PROMPTS)
@@ -189,7 +190,7 @@ if HYBRID_PP:
 # %% [markdown]
 # ## Which node holds what
 # With `NODES = 2` one more engine runs the `TRACE_PP` topology as a two-node deployment on this machine, through
-# vLLM's own multi-node launch (`kit.multinode`, about 45 s on 2 cores): node 0 on 127.0.0.2 and core 0 runs the
+# vLLM's own multi-node launch (`kit.engine.multinode`, about 45 s on 2 cores): node 0 on 127.0.0.2 and core 0 runs the
 # API server, the engine core and the first stage's worker; node 1 on 127.0.0.3 and core 1 is a headless follower
 # with the other stage's worker. Its workers are read the same way as above, through the leader (vLLM's
 # `/collective_rpc`), and each also reports where it runs: its `VLLM_HOST_IP`, its cores, and its process, found in
@@ -240,7 +241,7 @@ if NODES > 1:
 
 # %%
 from kit.engine import EngineError
-from kit.placement import placement
+from kit.checks.placement import placement
 err = None
 try:
     placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=2, spec=SPEC),
@@ -256,7 +257,7 @@ claim(err is not None and "has no attribute 'drafter'" in err,
 
 # %% [markdown]
 # ## One decode step with drafts, across the ranks
-# The `TRACE_PP` engine above generated a few tokens with every step traced inside each worker (`kit.steptrace`:
+# The `TRACE_PP` engine above generated a few tokens with every step traced inside each worker (`kit.worker.steptrace`:
 # timestamps from `time.monotonic()`, one clock for all processes on the host). In one step: the engine core's
 # scheduler sends the step's requests to every rank; rank 0 embeds the tokens (the request's newest token plus its
 # k drafts from the previous step) and runs its layers; the hidden states go stage to stage; the last rank runs its

@@ -42,14 +42,14 @@ NO_CLASH_PP = 3                 # a PP size where the per-rank name lands withou
 
 # %%
 import kit
-import kit.compare
-import kit.notebook
-kit.notebook.setup()
+import kit.checks.compare
+import kit.lab.notebook
+kit.lab.notebook.setup()
 
 # %%
 import json
-from kit.topology import Topology
-from kit.models import resolve_model
+from kit.core.topology import Topology
+from kit.core.models import resolve_model
 t = resolve_model(MODEL); d = resolve_model(t.draft_model)
 print("target layer_types:", t.config["layer_types"], " sliding_window:", t.config["sliding_window"])
 print("draft  layer_types:", d.config["layer_types"], " aux layers:", d.config["eagle_aux_hidden_state_layer_ids"])
@@ -89,8 +89,8 @@ print("checked: the draft layer's name index and the subtracted count are the sa
 # layer on another rank has it.
 
 # %%
-from kit import plots
-from kit.placement import eagle3_layer_names
+from kit.lab import plots
+from kit.checks.placement import eagle3_layer_names
 n_layers = t.config["num_hidden_layers"]
 names = {c: {pp: eagle3_layer_names(n_layers, pp, c) for pp in PP_SIZES_TABLE} for c in ("total", "per_rank")}
 plots.eagle3_name_grid(names, title=f"{MODEL}: {n_layers} target layers + 1 Eagle3 draft layer, names per PP rank").show()
@@ -110,7 +110,7 @@ for pp in PP_SIZES_TABLE:
     assert names["total"][pp][-1]["clash"] is False, pp
     assert {names[c][pp][-1]["layer_types_index"] for c in names} == {0}, pp
 elsewhere = [pp for pp in PP_SIZES_TABLE if names["per_rank"][pp][-1]["elsewhere"] is not None]
-from kit.notebook import claim
+from kit.lab.notebook import claim
 claim(clashing["total"] == [],
       f"with the total count no PP size of {PP_SIZES_TABLE} clashes; with the per-rank count PP sizes {clashing['per_rank']} "
       f"clash on the last rank and {elsewhere} take the name of a target layer on another rank; the layer_types index "
@@ -140,7 +140,7 @@ claim([n for n, r in answer.items() if r["clash"]] == [6], "at PP=2 only the 6-l
 # %%
 from kit import engine
 topo = Topology(model=MODEL, random_weights=True, pp=PP, spec=SPEC)
-prompts = kit.compare.load_prompts(limit=NUM_PROMPTS)
+prompts = kit.checks.compare.load_prompts(limit=NUM_PROMPTS)
 # One engine: read the layers from every worker, then generate with it.
 res = engine.run(topo, [{"kind": "rpc", "method": "kit_eagle3_layers"},
                         {"kind": "generate", "prompts": prompts, "max_tokens": MAX_TOKENS}],

@@ -24,9 +24,9 @@ PLAIN_PP_SIZES = [1]      # PP sizes that also run without drafts (k = 0); must 
 
 # %%
 import kit
-import kit.compare
-import kit.notebook
-kit.notebook.setup()
+import kit.checks.compare
+import kit.lab.notebook
+kit.lab.notebook.setup()
 
 # %% [markdown]
 # One engine per (PP size, k), k = 0 being the plain engine (at the PP sizes in `PLAIN_PP_SIZES`): 15-25 s each on
@@ -35,11 +35,12 @@ kit.notebook.setup()
 
 # %%
 import time
-from kit import engine, plots
-from kit.compare import load_prompts
-from kit.topology import Topology
+from kit import engine
+from kit.lab import plots
+from kit.checks.compare import load_prompts
+from kit.core.topology import Topology
 
-from kit import sampling
+from kit.checks import sampling
 
 prompts = load_prompts(limit=NUM_PROMPTS)
 greedy = {"kind": "generate", "prompts": prompts, "max_tokens": MAX_TOKENS}
@@ -135,7 +136,7 @@ W.interact(expected_tokens, k=W.IntSlider(value=len(c_meas), min=1, max=len(c_me
 # </details>
 
 # %%
-from kit.notebook import claim
+from kit.lab.notebook import claim
 claim(abs(plots.expected_length(0.8, 4) - 3.3616) < 1e-9 and abs(plots.expected_length(0.8, 40) - 5.0) < 1e-3,
       f"a=0.8: {plots.expected_length(0.8, 4):.2f} tokens at k=4, {plots.expected_length(0.8, 40):.3f} at k=40, "
       "tending to 1/(1-a) = 5")
@@ -157,7 +158,7 @@ claim(r1 >= 0.5, f"the trained MTP head's first draft is accepted in {r1:.2f} of
 # probability p_T(d), the target's probability of d at temperature T (the MTP drafter proposes d without a
 # probability of its own), and on rejection draws from the target with d removed: the output then follows the
 # target's distribution exactly. So the expected number of accepted drafts is the sum of p_T(d) over the drafts,
-# and the kit records that sum inside the worker that verifies them (`kit.acceptance_probe`), next to what was
+# and the kit records that sum inside the worker that verifies them (`kit.worker.acceptance_probe`), next to what was
 # accepted. As T grows the target spreads its probability and p_T(d) falls, even for a draft that is its argmax.
 #
 # **Predict first:** at T = 0.05 the target is almost one-hot on its argmax. Will acceptance at position 1 be close
@@ -201,7 +202,7 @@ display(Markdown("**This run:**\n" + "\n".join(lines)))
 # spreading out, not a defect. At the lowest temperature position-1 acceptance is the greedy rate (dotted).
 
 # %%
-from kit.notebook import claim
+from kit.lab.notebook import claim
 
 for (pp, t), r in sorted(sampled.items()):
     claim(r.agrees, f"PP={pp}, T={t}: accepted drafts within {sampling.Z_LIMIT} sd of theory at every position",

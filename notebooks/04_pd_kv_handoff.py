@@ -30,13 +30,14 @@ PATCHES_WITHOUT_FIX = "all,-pp_spec_schedule_gate"   # for the decode-side rule 
 
 # %%
 import kit
-import kit.compare
-import kit.notebook
-kit.notebook.setup()
+import kit.checks.compare
+import kit.lab.notebook
+kit.lab.notebook.setup()
 
 # %%
-from kit import pd, plots
-from kit.compare import load_prompts
+from kit import pd
+from kit.lab import plots
+from kit.checks.compare import load_prompts
 
 producer, consumer = pd.pd_topologies(MODEL, PRODUCER_PP, PRODUCER_SPEC, CONSUMER_PP, CONSUMER_SPEC,
                                       random_weights=RANDOM_WEIGHTS)
@@ -131,7 +132,7 @@ fig.show()
 # the prompt itself), split at its first token where that time was measured.
 
 # %%
-from kit.notebook import claim
+from kit.lab.notebook import claim
 claim(d["identical"], f"the consumer's {sum(len(t) for t in reference.token_ids)} tokens are the plain engine's",
       d["first_divergence"])
 claim(d["consumer_prefill_tokens_computed"] == 0,
@@ -316,7 +317,7 @@ display(Markdown(
 
 # %%
 from kit import engine
-from kit.topology import Topology, TopologyError
+from kit.core.topology import Topology, TopologyError
 t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")   # a decode-side engine: no PD producer role
 rule_err = None
 try:

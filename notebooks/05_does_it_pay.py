@@ -15,7 +15,7 @@
 # work (scheduling, sampling, rejection, PP hand-offs) grows. So speculation pays only above some acceptance rate,
 # and where that line lies depends on how much of a step the target forward is.
 #
-# **The model** (`kit.payoff`): a decode step with k drafts per request and batch B costs
+# **The model** (`kit.bench.payoff`): a decode step with k drafts per request and batch B costs
 # `T(k) = fixed + forward(B(k+1)) + draft(k)`; it emits `E(a, k) = 1 + a + ... + a^k` tokens per request when each
 # draft position is accepted with probability a. Speed-up = `E(a, k) · T(0) / T(k)`; speculation loses below the
 # rate a* where `E(a*, k) = T(k) / T(0)`. The parts come from the engine's own per-rank spans
@@ -46,10 +46,11 @@ from pathlib import Path
 import pandas as pd
 
 import kit
-import kit.notebook
-from kit import payoff, payoff_plots
-from kit.notebook import claim
-kit.notebook.setup(timed_claims=TIMED_CLAIMS)
+import kit.lab.notebook
+from kit.bench import payoff
+from kit.lab import payoff_plots
+from kit.lab.notebook import claim
+kit.lab.notebook.setup(timed_claims=TIMED_CLAIMS)
 
 # %% [markdown]
 # **Predict, then run:** a step with k = 2 drafts costs 1.3 plain steps (T(2) / T(0) = 1.3). At a = 0.8, what is the
@@ -59,7 +60,7 @@ kit.notebook.setup(timed_claims=TIMED_CLAIMS)
 #
 # E(0.8, 2) = 1 + 0.8 + 0.64 = 2.44 tokens per step, so 2.44 / 1.3 = 1.88x. It loses below the a* with
 # 1 + a* + a*^2 = 1.3, a* = 0.24. With k = 4: E(0.8, 4) = 3.36, 3.36 / 1.6 = 2.10x, and a* = 0.38: more drafts win
-# more when acceptance is high, but need a higher rate to break even. The cell computes it with `kit.payoff`.
+# more when acceptance is high, but need a higher rate to break even. The cell computes it with `kit.bench.payoff`.
 # </details>
 
 # %%
@@ -198,8 +199,8 @@ claim(all(v[0.9] >= v[0.5] for v in best.values()),
 
 # %%
 from kit.bench import aggregate, measure_batches, payoff_rows
-from kit.compare import load_prompts
-from kit.topology import Topology
+from kit.checks.compare import load_prompts
+from kit.core.topology import Topology
 
 prompts = load_prompts(PROMPTS, limit=NUM_PROMPTS)
 records = []

@@ -4,7 +4,7 @@ A shared 2-core machine (CI's) runs engines at whatever speed its load allows, s
 reads a measured time, speed or speed ratio passes or fails with the load. The rules:
 
 - a notebook's ``claim(holds, ...)`` whose ``holds`` reads the clock must say ``timed=True`` (the CI parameters
-  then print it instead of asserting it, :func:`kit.notebook.claim`); one marked ``timed`` that does not read
+  then print it instead of asserting it, :func:`kit.lab.notebook.claim`); one marked ``timed`` that does not read
   the clock is flagged too, so the mark cannot be used to silence a claim;
 - a test's ``assert`` may not read the clock at all.
 

@@ -20,7 +20,7 @@ def no_leftovers():
     any more (other owners' live processes and files on a shared machine are not counted)."""
     import time
 
-    from kit.procs import leftover_temp_entries, leftover_vllm_processes, vllm_temp_entries
+    from kit.engine.procs import leftover_temp_entries, leftover_vllm_processes, vllm_temp_entries
 
     t0 = time.time()
     files_before = vllm_temp_entries()

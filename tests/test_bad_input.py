@@ -1,6 +1,6 @@
 """Bad input is refused before any process starts, with a message that says what to do.
 
-The table (kit/bad_input.py, written to docs/bad-input.md) runs every case in this process with process
+The table (kit/cli/bad_input.py, written to docs/bad-input.md) runs every case in this process with process
 creation blocked and checks exit 2 (or TopologyError), one line, the expected fragment, no process, nothing
 written. Below it, the refusals that need more than one field: device capacity, PD pairs, ports, the
 decode-side rule, patch names. Every case must fail in-process, fast, and leave no process behind.
@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import pytest
-
-from kit import bad_input, engine, pd
-from kit.topology import Topology, TopologyError
-
 from conftest import MODEL, ROOT
+
+from kit import engine, pd
+from kit.cli import bad_input
+from kit.core.topology import Topology, TopologyError
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_a_real_kit_process_prints_the_same_line(text, scratch):
 def test_a_bad_seed_or_an_interrupted_write_leaves_no_tmp_checkpoint(tmp_path, monkeypatch):
     import safetensors.numpy
 
-    from kit.models import random_checkpoint, resolve_model
+    from kit.core.models import random_checkpoint, resolve_model
 
     monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
     info = resolve_model(MODEL)

@@ -77,8 +77,8 @@ def test_bad_input_exits_2(argv, capsys):
 
 
 def test_from_runs_timeline_prints_one_line_per_traced_run(tmp_path, capsys):
+    from kit.worker import steptrace
     from tests.test_steptrace import _serial_pp2_with_drafts
-    from kit import steptrace
 
     rec = _record("m", 2, 2, 1, 100.0, 2.5, 0.012, 0.006, 0.002)
     rec["topology"] = "pp2 mtp:2 b1 [KIT_PATCHES=all,-pp_spec_schedule_gate]"

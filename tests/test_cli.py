@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import MODEL, ROOT
 
 
@@ -57,7 +56,7 @@ def test_doctor_reports_versions_and_patches():
 
 def test_doctor_runner_follows_the_environment(monkeypatch):
     from kit import patches
-    from kit.cli import runner_info
+    from kit.cli.doctor import runner_info
 
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
     r = runner_info("cpu")
@@ -79,7 +78,7 @@ def test_doctor_runner_follows_the_environment(monkeypatch):
 
 
 def test_runner_flag_reaches_compare_and_bench():
-    from kit.cli import build_parser
+    from kit.cli.main import build_parser
 
     parser = build_parser()
     for cmd in ("compare", "bench"):
@@ -88,7 +87,7 @@ def test_runner_flag_reaches_compare_and_bench():
 
 
 def test_bench_pd_cases_parse_and_bad_input_exits_2(capsys, tmp_path):
-    from kit.bench import parse_pd_cases
+    from kit.bench.measure import parse_pd_cases
     from kit.cli import main
 
     assert parse_pd_cases("1:none>1:none, 2:mtp:2>1:mtp:2") == [(1, None, 1, None), (2, "mtp:2", 1, "mtp:2")]
@@ -143,7 +142,8 @@ def test_every_error_is_one_line_and_exit_2(args, fragment):
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     """KeyboardInterrupt out of a subcommand (its process trees already ended by their teardown): one line on
     stderr and exit 130, not a traceback."""
-    from kit import cli, compare
+    from kit import cli
+    from kit.checks import compare
 
     def interrupted(args):
         raise KeyboardInterrupt

@@ -8,9 +8,8 @@ analysis are in ``tests/clock_lint.py``; the lint is tested here on snippets tha
 import ast
 import textwrap
 
-import pytest
-
 import clock_lint
+import pytest
 from conftest import ROOT
 from test_notebooks import CI_PARAMS
 
@@ -37,7 +36,7 @@ def _parameters_cell(text: str) -> str:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_the_ci_parameters_leave_timed_claims_unasserted(path):
-    """A notebook with a timed claim has a TIMED_CLAIMS parameter, hands it to ``kit.notebook.setup`` and gets
+    """A notebook with a timed claim has a TIMED_CLAIMS parameter, hands it to ``kit.lab.notebook.setup`` and gets
     ``TIMED_CLAIMS=False`` from the CI parameters."""
     text = path.read_text()
     timed = any(isinstance(n, ast.Call) and any(k.arg == "timed" for k in n.keywords)
@@ -45,12 +44,12 @@ def test_the_ci_parameters_leave_timed_claims_unasserted(path):
     if not timed:
         return
     assert "TIMED_CLAIMS = True" in _parameters_cell(text), "no TIMED_CLAIMS parameter"
-    assert "setup(timed_claims=TIMED_CLAIMS)" in text, "TIMED_CLAIMS not handed to kit.notebook.setup"
+    assert "setup(timed_claims=TIMED_CLAIMS)" in text, "TIMED_CLAIMS not handed to kit.lab.notebook.setup"
     assert CI_PARAMS.get(path.stem, {}).get("TIMED_CLAIMS") is False, "the CI parameters assert its timed claims"
 
 
 def test_a_timed_claim_is_printed_not_asserted_when_timed_claims_are_off(capsys):
-    from kit import notebook
+    from kit.lab import notebook
 
     try:
         notebook.setup(timed_claims=False)

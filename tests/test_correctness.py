@@ -1,16 +1,15 @@
 """The heart: PP + speculative decoding is token-identical to the PP=1, no-spec reference.
 
-The CI subset runs the cells marked ``fast`` in kit/matrix.py; ``-m slow`` runs the whole matrix.
+The CI subset runs the cells marked ``fast`` in kit/checks/matrix.py; ``-m slow`` runs the whole matrix.
 Patch necessity: with a patch off, the failure it fixes still reproduces on stock vLLM 0.32.
 """
 import pytest
+from conftest import MODEL
 
 from kit import engine
-from kit.compare import first_divergence, load_prompts
-from kit.matrix import CELLS, MAX_TOKENS, NUM_PROMPTS, reference_for, run_cell
-from kit.topology import Topology
-
-from conftest import MODEL
+from kit.checks.compare import first_divergence, load_prompts
+from kit.checks.matrix import CELLS, MAX_TOKENS, NUM_PROMPTS, reference_for, run_cell
+from kit.core.topology import Topology
 
 pytestmark = pytest.mark.engine
 
@@ -146,7 +145,7 @@ def test_engine_step_patch_keeps_tokens_and_fills_every_step(no_leftovers):
     """pp_spec_engine_step off (default): the batch queue schedules while a step is in flight, so a step comes out
     empty (every request in flight) or without the in-flight requests (held out; a batch split at arrival stays
     split); on: neither, and the tokens are still the PP=1 reference's."""
-    from kit import steptrace
+    from kit.worker import steptrace
 
     prompts = _prompts()
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")

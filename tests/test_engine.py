@@ -5,11 +5,10 @@ cycles by ``tests/test_reliability.py`` (``-m slow``)."""
 import json
 
 import pytest
+from conftest import MODEL
 
 from kit import engine
-from kit.topology import Topology
-
-from conftest import MODEL
+from kit.core.topology import Topology
 
 pytestmark = pytest.mark.engine
 PROMPTS = ["def add(a, b):\n    return", "import os\n"]
@@ -19,7 +18,7 @@ def test_patches_load_in_every_vllm_process(tmp_path, no_leftovers):
     log = tmp_path / "plugin.jsonl"
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")
     # vLLM's own process layout (a separate engine core, as `vllm serve` runs it); kit.engine's default runs the
-    # engine core inside the runner, which then applies every kind (kit.vllm_process, tests/test_patches.py).
+    # engine core inside the runner, which then applies every kind (kit.patches.vllm_process, tests/test_patches.py).
     r = engine.generate(t, PROMPTS, max_tokens=4, env={"KIT_PATCH_LOG": str(log), **engine.SEPARATE_ENGINE_CORE_ENV})
     assert all(len(x) == 4 for x in r.token_ids)
     recs = [json.loads(l) for l in log.read_text().splitlines()]

@@ -1,7 +1,7 @@
 """What a process tree of the kit leaves behind: temp-dir sockets and files, and orphans under a subreaper.
 
 vLLM puts its ZMQ ipc sockets (``VLLM_RPC_BASE_PATH``) and its ``vllm_dist_*`` rendezvous files under the temp
-dir and never removes them; every tree the kit starts gets its own temp folder (``kit.procs.ManagedProcess``)
+dir and never removes them; every tree the kit starts gets its own temp folder (``kit.engine.procs.ManagedProcess``)
 that the guard and the teardown remove. The leak checks (``conftest.no_leftovers``) see those entries, and
 orphans adopted by a subreaper instead of init.
 """
@@ -17,10 +17,9 @@ import uuid
 
 import psutil
 import pytest
-
-from kit.procs import ManagedProcess, leftover_temp_entries, leftover_vllm_processes, vllm_temp_entries
-
 from conftest import MODEL, ROOT
+
+from kit.engine.procs import ManagedProcess, leftover_temp_entries, leftover_vllm_processes, vllm_temp_entries
 
 # What vLLM does in the temp dir, without vLLM: bind an ipc socket named by a uuid under VLLM_RPC_BASE_PATH and
 # create a vllm_dist_* file under tempfile.gettempdir(), then wait (and never clean up).
@@ -72,7 +71,7 @@ def test_the_guard_removes_the_temp_folder_when_the_caller_dies(tmp_path, how):
     log = tmp_path / "tree.log"
     caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time; sys.path.insert(0, {str(ROOT)!r})
-        from kit.procs import ManagedProcess
+        from kit.engine.procs import ManagedProcess
         p = ManagedProcess([sys.executable, "-c", {_VLLM_LIKE!r}], log_path={str(log)!r}, name="tree")
         print(p.tmpdir, flush=True)
         time.sleep(300)
@@ -115,7 +114,7 @@ _SUBREAPER = textwrap.dedent("""
 """)
 _OWNER = textwrap.dedent(f"""
     import os, subprocess, sys, time; sys.path.insert(0, {str(ROOT)!r})
-    from kit.procs import leftover_vllm_processes
+    from kit.engine.procs import leftover_vllm_processes
     t0 = time.time()
     mid = subprocess.Popen([sys.executable, "-c",
         "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', "
@@ -141,8 +140,8 @@ def test_an_orphan_adopted_by_a_subreaper_is_still_found():
 @pytest.mark.engine
 def test_a_vllm_server_keeps_its_sockets_in_its_own_folder(no_leftovers):
     """A PP=2 server: its ipc sockets are in the tree's folder while it serves, and nothing is left after."""
+    from kit.core.topology import Topology
     from kit.engine import Server
-    from kit.topology import Topology
 
     before = vllm_temp_entries()
     srv = Server(Topology(model=MODEL, random_weights=True, pp=2), name="leftovers")
@@ -165,7 +164,7 @@ _INTERRUPTED_CALLER = textwrap.dedent(f"""
     # kernel, like an interactive caller, has the KeyboardInterrupt handler: install it explicitly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from kit.engine import Server
-    from kit.topology import Topology
+    from kit.core.topology import Topology
     try:
         Server(Topology(model={MODEL!r}, random_weights=True), name="interrupted", quiet=True).start()
         print("started", flush=True)

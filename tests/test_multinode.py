@@ -11,10 +11,9 @@ import threading
 import httpx
 import psutil
 import pytest
-
-from kit.topology import Topology, TopologyError
-
 from conftest import MODEL, ROOT
+
+from kit.core.topology import Topology, TopologyError
 
 MASTER_PORT = 29555
 
@@ -118,7 +117,7 @@ def test_kit_compare_backend_ray_without_ray_exit_2_with_one_line(monkeypatch, c
 _STORE_PROBE = """
 import datetime, importlib, json, sys
 import psutil
-from kit.engine import free_port
+from kit.core.net import free_port
 if sys.argv[1] == "on":
     from kit.patches import tcp_store_bind_host as m
     assert m._needed() is True
@@ -184,8 +183,8 @@ def _loopback(ip: str) -> bool:
 @pytest.mark.slow
 def test_two_nodes_pp2_mtp2_tokens_acceptance_patches_sockets_and_node_death(tmp_path, no_leftovers):
     from kit import engine
-    from kit.compare import load_prompts
-    from kit.multinode import MultiNode, NodeError
+    from kit.checks.compare import load_prompts
+    from kit.engine.multinode import MultiNode, NodeError
     from kit.patches import ENV_LOG
 
     prompts = load_prompts(limit=4)
@@ -205,7 +204,7 @@ def test_two_nodes_pp2_mtp2_tokens_acceptance_patches_sockets_and_node_death(tmp
         for n in mn.nodes:
             for p in n.tree():
                 try:
-                    if "kit.guard" in p.cmdline():  # the kit's watchdog runs taskset, outside the pinned tree
+                    if "kit.engine.guard" in p.cmdline():  # the kit's watchdog runs taskset, outside the pinned tree
                         continue
                     assert set(p.cpu_affinity()) <= set(n.cores), (n.name, p.cmdline())
                 except psutil.NoSuchProcess:
@@ -240,7 +239,7 @@ def test_a_taken_master_port_is_refused_before_any_node_starts(monkeypatch):
     (before, the leader's rendezvous failed to bind and the followers waited on someone else's port)."""
     import socket
 
-    from kit import multinode
+    from kit.engine import multinode
 
     def no_process(*a, **kw):
         raise AssertionError("a process was started")

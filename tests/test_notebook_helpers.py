@@ -1,8 +1,8 @@
 """The arithmetic the notebooks draw from (no engine): acceptance rates and Eagle3 layer names per PP rank."""
 import pytest
 
-from kit import plots
-from kit.placement import eagle3_layer_names
+from kit.checks.placement import eagle3_layer_names
+from kit.lab import plots
 
 
 def test_conditional_rates_and_expected_length():
@@ -31,7 +31,7 @@ def test_eagle3_names_per_rank_follow_vllms_split():
 
 
 def test_steptrace_merge_names_requests_and_groups_steps():
-    from kit import steptrace
+    from kit.worker import steptrace
 
     rank0 = {"events": [{"kind": "forward", "rank": 0, "t0": 1.0, "t1": 2.0, "step": 3,
                          "reqs": {"abc": [3, 2]}, "history_gap": {"abc": 1}, "hidden_in": None}]}

@@ -3,16 +3,16 @@ import json
 import shutil
 
 import pytest
-
 from conftest import ROOT
-from kit import notebook
+
+from kit.lab import notebook
 
 NB = ROOT / "notebooks"
 
 
 def test_every_pair_is_in_sync():
     problems = notebook.out_of_sync(NB)
-    assert not problems, "\n".join(problems) + "\nrun: python -m kit.notebook sync"
+    assert not problems, "\n".join(problems) + "\nrun: kit notebook sync"
 
 
 def test_committed_notebooks_have_no_outputs_and_keep_the_parameters_cell():

@@ -1,9 +1,6 @@
 """Every notebook runs headless under papermill; breaking a claim makes papermill fail."""
-import os
-from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 pytestmark = [pytest.mark.notebook, pytest.mark.engine]

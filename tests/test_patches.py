@@ -68,7 +68,7 @@ def test_module_name_is_patch_name_and_every_module_is_in_the_index():
     from pathlib import Path
 
     pkg = Path(patches.__file__).parent
-    modules = {f.stem for f in pkg.glob("*.py")} - {"__init__", "docs"}
+    modules = {f.stem for f in pkg.glob("*.py")} - {"__init__", "docs", "vllm_process"}
     assert modules == set(patches.INDEX), modules ^ set(patches.INDEX)
     assert len(patches.INDEX) == len(set(patches.INDEX))
     reg = patches.registry()
@@ -174,15 +174,15 @@ def test_a_raising_needed_or_apply_is_reported_and_undone(isolated, tmp_path):
 
 def test_the_launcher_fails_a_run_whose_patches_failed(tmp_path):
     from kit import engine
-    from kit.topology import Topology
+    from kit.core.topology import Topology
 
     log = tmp_path / "log.jsonl"
     log.write_text(json.dumps({"pid": 7, "caller": "vllm.v1.worker.worker_base:WorkerWrapperBase.init_worker",
                                "errors": {"pp_spec_token_history": "apply(): AttributeError: x"}}) + "\n")
     with pytest.raises(engine.EngineError, match="patch pp_spec_token_history failed in pid 7"):
-        engine._check_patch_log(Topology(model="tiny-mimo", random_weights=True, pp=2), str(log))
+        engine.check_patch_log(Topology(model="tiny-mimo", random_weights=True, pp=2), str(log))
     log.write_text(json.dumps({"pid": 8, "errors": {}}) + "\n")
-    engine._check_patch_log(Topology(model="tiny-mimo", random_weights=True, pp=2), str(log))
+    engine.check_patch_log(Topology(model="tiny-mimo", random_weights=True, pp=2), str(log))
 
 
 def test_an_unsupported_vllm_or_unknown_name_stays_a_clear_error(isolated):
@@ -391,8 +391,9 @@ def test_accepted_count_survives_a_step_out_of_the_batch(monkeypatch, patched, l
 def test_decode_side_rule_is_checked_before_any_process_starts():
     """The kit refuses decode-side PP + spec without the fix in-process, with process creation blocked (as the
     bad-input table runs its cases): nothing is started to find out."""
-    from kit import bad_input, engine, pd
-    from kit.topology import Topology, TopologyError
+    from kit import engine, pd
+    from kit.cli import bad_input
+    from kit.core.topology import Topology, TopologyError
 
     t = Topology(model="tiny-mimo", random_weights=True, pp=2, spec="mtp:1")
     started: list[str] = []
@@ -490,7 +491,7 @@ def test_patch_overhead_times_only_the_wrapper_and_restores_it():
     and the real function is back in place afterwards."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from kit import patch_overhead
+    from kit.bench import patch_overhead
 
     costs = patch_overhead.measure(n=2000)  # applies the selected patches first
     before = Scheduler.schedule.__wrapped__

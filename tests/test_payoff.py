@@ -1,10 +1,18 @@
-"""kit.payoff: the break-even model's pure functions (no engine), and one small engine run of the measurement path."""
+"""kit.bench.payoff: the break-even model's pure functions (no engine), and one small engine run of the measurement path."""
 import math
 
 import pytest
 
-from kit.payoff import (Costs, acceptance_for_length, expected_tokens, fit_costs, fit_linear, predict,
-                        step_components, timeline)
+from kit.bench.payoff import (
+    Costs,
+    acceptance_for_length,
+    expected_tokens,
+    fit_costs,
+    fit_linear,
+    predict,
+    step_components,
+    timeline,
+)
 
 
 def test_expected_tokens():
@@ -136,7 +144,7 @@ def test_predict_flags_rows_outside_the_band():
 def test_prediction_at_the_measured_occupancy_explains_half_empty_steps():
     """A speculative engine whose steps carry half the requests (a split batch) needs twice the steps for the same
     tokens and runs at half the full-step speed-up; the prediction at the measured occupancy says so."""
-    from kit.payoff import occupancy
+    from kit.bench.payoff import occupancy
 
     true = _costs()
     rows = []
@@ -160,8 +168,8 @@ def test_prediction_at_the_measured_occupancy_explains_half_empty_steps():
 def test_breakdown_measures_a_real_engine(no_leftovers):
     """One small PP=1 mtp:1 engine with the step timers on: the spans add up to the wall clock of the decode."""
     from kit.bench import measure_batches
-    from kit.compare import load_prompts
-    from kit.topology import Topology
+    from kit.checks.compare import load_prompts
+    from kit.core.topology import Topology
 
     prompts = load_prompts(limit=2)
     rows = measure_batches(Topology(model="tiny-mimo", spec="mtp:1"), prompts, 24, batches=[1, 2], timing=True)
@@ -178,7 +186,7 @@ def test_breakdown_measures_a_real_engine(no_leftovers):
 
 
 def test_plots_draw_the_break_even_line_and_the_points():
-    from kit import payoff_plots
+    from kit.lab import payoff_plots
 
     c = {("m", 1, 1): _costs(), ("m", 2, 1): _costs(fixed_spec_s=0.008)}
     fig = payoff_plots.surface_figure(c, [{"model": "m", "pp": 1, "batch": 1, "k": 2, "acceptance": 0.8,

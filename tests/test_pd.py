@@ -7,15 +7,13 @@ The engine tests start real servers: run them one pair at a time under the machi
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import MODEL
 
 from kit import pd
-from kit.models import ModelError, resolve_model
-from kit.topology import Topology
-
-from conftest import MODEL
+from kit.core.models import ModelError, resolve_model
+from kit.core.topology import Topology
 
 # The trained tiny-mimo checkpoint may not be written yet: fall back to the same architecture's stand-in.
 STANDIN = "/tmp/devmimo"
@@ -177,11 +175,12 @@ def test_a_taken_side_channel_port_is_refused_before_the_server_starts(monkeypat
     import socket
 
     from kit import engine
+    from kit.engine import server
 
     def no_process(*a, **kw):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(engine, "ManagedProcess", no_process)
+    monkeypatch.setattr(server, "ManagedProcess", no_process)
     t = Topology(model=MODEL, random_weights=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -200,6 +199,7 @@ def test_the_api_key_goes_to_the_server_environment_and_every_request(monkeypatc
     import threading
 
     from kit import engine
+    from kit.engine import server
 
     got: list = []
 
@@ -232,7 +232,7 @@ def test_the_api_key_goes_to_the_server_environment_and_every_request(monkeypatc
         httpd.shutdown()
     assert [a for _, _, a in got] == ["Bearer s3cret"] * 3, got
     started = {}
-    monkeypatch.setattr(engine, "ManagedProcess", lambda cmd, env=None, **kw: started.update(cmd=cmd, env=env)
+    monkeypatch.setattr(server, "ManagedProcess", lambda cmd, env=None, **kw: started.update(cmd=cmd, env=env)
                         or (_ for _ in ()).throw(RuntimeError("stop here")))
     with pytest.raises(RuntimeError, match="stop here"):
         engine.Server(t, api_key="s3cret", in_pair=True).start(timeout=30)
@@ -297,7 +297,7 @@ def test_pp2_mtp_producer_registers_its_mtp_region(tmp_path, no_leftovers, patch
     """Patch nixl_pp_draft_regions: without it a PP=2 + MTP producer dies registering its KV with NIXL
     (the last rank holds 2 target layers + the MTP layer = 3 regions, divided by 2 local layers); with it
     both servers start and the producer's last rank slices the consumer's regions at the right offset."""
-    from kit.procs import ProcessFailed
+    from kit.engine.procs import ProcessFailed
 
     m, r = _model()
     p, c = pd.pd_topologies(m, 2, "mtp:2", 1, "mtp:2", random_weights=r)
@@ -321,7 +321,7 @@ def test_pp2_consumer_is_fed_stage_by_stage(tmp_path, no_leftovers, patched):
     """Patch nixl_pp_consumer: stock vLLM 0.32 refuses a decode server with PP>1 under NIXL; with the patch a
     PP=2 + MTP producer feeds a PP=2 + MTP consumer stage by stage: the consumer's tokens equal the reference,
     it computes no prompt token, and every KV layer's bytes arrive (the MTP layer's on the last stage)."""
-    from kit.procs import ProcessFailed
+    from kit.engine.procs import ProcessFailed
 
     if not patched:
         m, r = _model()
@@ -403,15 +403,15 @@ def test_pd_tree_listens_on_loopback_only_and_wants_its_api_key(no_leftovers):
     """A PP=2 producer and a PP=1 consumer started with an API key. While a streamed request runs, every socket
     that the whole tree accepts on (both servers' front ends, engine cores and PP workers, and the router: this
     process) is on loopback; the vLLM workers bound the machine's address before ``Topology.env`` carried
-    ``kit.topology.LOOPBACK_ENV``. A ``/v1`` request without the key gets HTTP 401 from both servers, while the
+    ``kit.core.topology.LOOPBACK_ENV``. A ``/v1`` request without the key gets HTTP 401 from both servers, while the
     router's requests, which carry it, pass (the warm-up round trip included)."""
     import threading
     import time
 
     import psutil
 
-    from kit.httpclient import client
-    from kit.procs import is_loopback, listening_sockets
+    from kit.engine.httpclient import client
+    from kit.engine.procs import is_loopback, listening_sockets
 
     m, r = _model()
     p, c = pd.pd_topologies(m, 2, None, 1, None, random_weights=r)

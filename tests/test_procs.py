@@ -1,5 +1,5 @@
 """Root-cause extraction from vLLM logs (pure; no engine)."""
-from kit.procs import root_cause
+from kit.engine.procs import root_cause
 
 
 def test_root_cause_strips_colour_and_process_prefixes(tmp_path):
@@ -25,7 +25,7 @@ def test_startup_failure_lines_and_sigbus_hint(tmp_path):
     """The short start-up form (what a PD pair reports while the other server still boots) comes from the same
     parser: innermost frame, its code, the exception; a log without a start-up failure gives nothing. A SIGBUS
     line brings the /dev/shm hint."""
-    from kit.procs import fatal_log_lines
+    from kit.engine.procs import fatal_log_lines
 
     esc = "\x1b"
     pre = f"{esc}[0;36m(EngineCore_DP0 pid=7){esc}[0;0m ERROR 12-01 03:27:51 [core.py:1]"
@@ -49,7 +49,7 @@ def test_startup_failure_lines_and_sigbus_hint(tmp_path):
     got = root_cause(bus)
     assert got[0] == "[Worker_PP1] Worker died: Fatal Python error: Bus error" and "/dev/shm" in got[-1], got
 
-# -- kit.guard: the tree a ManagedProcess starts dies with its caller, however the caller dies -----------
+# -- kit.engine.guard: the tree a ManagedProcess starts dies with its caller, however the caller dies -----------
 
 import os  # noqa: E402
 import signal  # noqa: E402
@@ -60,7 +60,6 @@ import time  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
-
 from conftest import ROOT  # noqa: E402
 
 # A parent that starts a grandchild in its own process group and both sleep: the shape of
@@ -75,7 +74,7 @@ def test_managed_tree_dies_with_its_caller(tmp_path, how):
     log = tmp_path / "tree.log"
     caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time; sys.path.insert(0, {str(ROOT)!r})
-        from kit.procs import ManagedProcess
+        from kit.engine.procs import ManagedProcess
         p = ManagedProcess([sys.executable, "-c", {_TREE!r}], log_path={str(log)!r}, name="tree")
         print(p.pid, flush=True)
         time.sleep(300)
@@ -104,13 +103,12 @@ _SHM_TREE = ("import os, signal, sys, time, uuid\n"
 
 def test_guard_removes_the_shared_memory_a_killed_tree_left(tmp_path):
     """A SIGKILLed process cannot unlink its /dev/shm segments; the guard removes the ones it left behind."""
-    import os
 
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
-    out = subprocess.run([sys.executable, "-m", "kit.guard", "--", sys.executable, "-c", _SHM_TREE],
+    out = subprocess.run([sys.executable, "-m", "kit.engine.guard", "--", sys.executable, "-c", _SHM_TREE],
                          cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         start_new_session=True)  # the guard ends its whole process group, as under kit.procs
+                         start_new_session=True)  # the guard ends its whole process group, as under kit.engine.procs
     name = out.stdout.split("segment")[1].split()[0]
     leftover = os.path.exists(f"/dev/shm/{name}")
     if leftover:
@@ -142,13 +140,12 @@ def test_a_live_semaphore_of_another_run_survives_a_guard_ending(tmp_path):
     """A guard that ends beside another run must not remove that run's semaphores. The creator maps one under a
     temporary (deleted) name only; a name-only check called it unused and unlinked it, and the other run's spawned
     child then failed in ``SemLock._rebuild`` with ``FileNotFoundError``."""
-    import os
 
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
     go = tmp_path / "go"
     # The guard's tree makes a semaphore of its own, then is SIGKILLed: that one is an orphan to remove.
-    guarded = subprocess.Popen([sys.executable, "-m", "kit.guard", "--", sys.executable, "-c", _SEM_TREE, str(go)],
+    guarded = subprocess.Popen([sys.executable, "-m", "kit.engine.guard", "--", sys.executable, "-c", _SEM_TREE, str(go)],
                                cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
     holder = None
     try:

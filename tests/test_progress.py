@@ -1,9 +1,9 @@
-"""kit.progress: phases read from vLLM 0.32 log lines, the runner's generation lines, and quiet. No engine."""
+"""kit.engine.progress: phases read from vLLM 0.32 log lines, the runner's generation lines, and quiet. No engine."""
 import contextlib
 import io
 
-from kit import progress
-from kit.progress import Status
+from kit.engine import progress
+from kit.engine.progress import Status
 
 # Lines as a vLLM 0.32 (CPU) engine log has them (colour escapes included, as under a Jupyter kernel).
 LOG = """\
@@ -17,8 +17,8 @@ Triton is installed, but doesn't include CPU backend. Disabling Triton.
 (Worker_PP1 pid=7992) INFO 12-02 00:49:37 [cpu_worker.py:260] Explicitly set (1.0/9.34) GiB for KV cache on node 0.
 (Worker_PP1 pid=7992) INFO 12-02 00:49:37 [cpu_model_runner.py:68] Starting to load model /m...
 \x1b[1;36m(EngineCore pid=7889)\x1b[0;0m INFO 12-02 00:49:42 [core.py:402] init engine (profile, create kv cache, warmup model) took 4.22 s
-[kit.runner] engine started in 66.7 s
-[kit.runner] job generate
+[kit.engine.child] engine started in 66.7 s
+[kit.engine.child] job generate
 """
 EXPECTED = ["reading the model config", "starting the engine core", "starting the workers", "loading weights",
             "loading weights", "loading the drafter", "allocating the KV cache, warming up",
@@ -35,7 +35,7 @@ def test_phases_follow_the_log_in_order():
         seen.append(s.phase)
     assert seen == EXPECTED
     assert s.ready_seconds == 66.7
-    s.feed("[kit.runner] generated 3/8 prompts")
+    s.feed("[kit.engine.child] generated 3/8 prompts")
     assert s.phase == "generating 3/8 prompts" and s.generated == (3, 8)
     s.close()
     assert s.text.startswith("vLLM engine [x]: ready in 67 s · done after ")
@@ -61,7 +61,7 @@ def test_the_line_is_drawn_on_stderr_unless_quiet(monkeypatch):
     monkeypatch.setattr(progress.sys, "stderr", err)
     monkeypatch.delenv(progress.ENV_QUIET, raising=False)
     s = Status("vLLM engine [PP=2 mtp:1]")
-    s.feed("[kit.runner] engine started in 12.0 s")
+    s.feed("[kit.engine.child] engine started in 12.0 s")
     s.poll()
     s.close()
     assert "vLLM engine [PP=2 mtp:1]: ready in 12 s · done after 0 s" in err.getvalue()
@@ -89,8 +89,8 @@ def test_generation_bar_prints_what_status_reads():
         bar.close()
         assert list(progress.generation_bar(["a", "b"], desc="Rendering prompts")) == ["a", "b"]  # silent
     lines = out.getvalue().splitlines()
-    assert lines == ["[kit.runner] generated 0/3 prompts", "[kit.runner] generated 1/3 prompts",
-                     "[kit.runner] generated 3/3 prompts"]
+    assert lines == ["[kit.engine.child] generated 0/3 prompts", "[kit.engine.child] generated 1/3 prompts",
+                     "[kit.engine.child] generated 3/3 prompts"]
     s = Status("e", quiet=True)
     for line in lines:
         s.feed(line)

@@ -13,9 +13,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from kit.compare import load_prompts  # noqa: E402
-from kit.tiny import checkpoint, config, pycorpus, trainers  # noqa: E402
-from kit.tiny.mimo import TinyMiMo  # noqa: E402
+from kit.checks.compare import load_prompts  # noqa: E402
+from kit.zoo.tiny import checkpoint, config, pycorpus, trainers  # noqa: E402
+from kit.zoo.tiny.mimo import TinyMiMo  # noqa: E402
 
 NAME = "mimo-py-18m"
 MODEL_DIR = trainers.MIMO_PY_DIR
@@ -80,7 +80,7 @@ def test_heldout_prompt_file_is_from_heldout_code():
 
 
 def test_trainer_imports_no_vllm():
-    code = "import sys, kit.tiny.trainers, kit.tiny.pycorpus, kit.tiny.cli; print('vllm' in sys.modules)"
+    code = "import sys, kit.zoo.tiny.trainers, kit.zoo.tiny.pycorpus, kit.cli.tiny; print('vllm' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr[-2000:]
 
@@ -93,7 +93,7 @@ def test_quick_cpu_training_is_deterministic_and_shards_merge(tmp_path):
     pycorpus.write_pack(docs, pack, stats, sources, 10**9)
 
     def run(out: Path, *extra: str) -> dict:
-        subprocess.run([sys.executable, "-m", "kit.tiny", "train", NAME, "--quick", "--corpus", str(pack), "--out", str(out),
+        subprocess.run([sys.executable, "-m", "kit", "tiny", "train", NAME, "--quick", "--corpus", str(pack), "--out", str(out),
                         *extra], cwd=REPO, check=True, timeout=300, capture_output=True)
         return json.loads((out / "manifest.json").read_text())
 
@@ -113,7 +113,7 @@ def test_quick_cpu_training_is_deterministic_and_shards_merge(tmp_path):
 def test_checkpoint_layout_size_and_manifest():
     from safetensors import safe_open
 
-    from kit.models import resolve_model
+    from kit.core.models import resolve_model
 
     cfg = json.loads((MODEL_DIR / "config.json").read_text())
     assert cfg["architectures"] == ["MiMoForCausalLM"] and cfg["num_nextn_predict_layers"] == 1
@@ -139,7 +139,7 @@ def test_checkpoint_layout_size_and_manifest():
 @needs_model
 def test_parity_with_vllm(tmp_path):
     out = tmp_path / "parity.json"
-    r = subprocess.run([sys.executable, "-m", "kit.tiny", "parity", "--model", str(MODEL_DIR),
+    r = subprocess.run([sys.executable, "-m", "kit", "tiny", "parity", "--model", str(MODEL_DIR),
                         "--prompts", str(HELDOUT_PROMPTS), "--n", "2", "--max-tokens", "32", "--json", str(out)],
                        cwd=REPO, timeout=1200, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
@@ -151,7 +151,7 @@ def test_parity_with_vllm(tmp_path):
 @needs_model
 def test_mtp_k1_acceptance_on_heldout_code(tmp_path):
     out = tmp_path / "acc.json"
-    r = subprocess.run([sys.executable, "-m", "kit.tiny", "acceptance", "--model", str(MODEL_DIR),
+    r = subprocess.run([sys.executable, "-m", "kit", "tiny", "acceptance", "--model", str(MODEL_DIR),
                         "--prompts", str(HELDOUT_PROMPTS), "--k", "1", "--max-tokens", "64", "--json", str(out)],
                        cwd=REPO, timeout=1800, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
@@ -165,7 +165,7 @@ def test_mtp_k1_acceptance_on_heldout_code(tmp_path):
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_matrix_pp_sizes_accept_the_same_drafts(k):
     """PP=1/2/4 with MTP k: token-identical to the PP=1 no-spec reference, and the same acceptance counters."""
-    from kit.matrix import CELLS, run_cell
+    from kit.checks.matrix import CELLS, run_cell
 
     cells = [c for c in CELLS if c.model == NAME and c.spec == f"mtp:{k}"]
     assert sorted(c.pp for c in cells) == [1, 2, 4]

@@ -1,16 +1,16 @@
 """Qwen3.5 (Gated-DeltaNet + full attention hybrid) with its MTP drafter under PP, on live vLLM workers.
 
 vLLM PR #46003's claim for ``qwen3_5_mtp``: the drafter lives on the last PP rank and never reads PP
-intermediates. ``kit.patches.upstream_checks`` reports it as upstream from the source text; here it is read
+intermediates. the report-only patch ``qwen3_5_mtp_intermediates`` reports it as upstream from the source text; here it is read
 from a running PP=2 engine: where the drafter and each rank's linear-attention (mamba cache) state live, and
 what the drafter's forward was given on every call while it generated.
 """
 import pytest
 
 from kit import engine
-from kit.compare import first_divergence, load_prompts
-from kit.matrix import reference_for
-from kit.topology import Topology
+from kit.checks.compare import first_divergence, load_prompts
+from kit.checks.matrix import reference_for
+from kit.core.topology import Topology
 
 pytestmark = pytest.mark.engine
 

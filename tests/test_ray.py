@@ -17,13 +17,13 @@ import pytest
 
 pytest.importorskip("ray", reason="ray not installed (optional): pip install \"ray[default]==2.60.0\"")
 
-from kit import engine  # noqa: E402
-from kit.multinode import MultiNode  # noqa: E402
-from kit.patches import ENV_LOG  # noqa: E402
-from kit.raycluster import LocalRayCluster  # noqa: E402
-from kit.topology import Topology  # noqa: E402
-
 from conftest import MODEL  # noqa: E402
+
+from kit import engine  # noqa: E402
+from kit.core.topology import Topology  # noqa: E402
+from kit.engine.multinode import MultiNode  # noqa: E402
+from kit.engine.raycluster import LocalRayCluster  # noqa: E402
+from kit.patches import ENV_LOG  # noqa: E402
 
 pytestmark = pytest.mark.engine
 PROMPTS = ["def add(a, b):\n    return", "import os\n"]
@@ -62,7 +62,7 @@ def _rays_own(s: dict) -> bool:
     port range) and the dashboard head's metrics endpoint (its fixed port)."""
     from ray.dashboard.consts import DASHBOARD_METRIC_PORT
 
-    from kit.raycluster import WORKER_PORTS
+    from kit.engine.raycluster import WORKER_PORTS
 
     return s["ip"] in ("::", "0.0.0.0") and (s["name"] in RAY_GRPC_PROCESSES or s["port"] == DASHBOARD_METRIC_PORT
                                               or WORKER_PORTS[0] <= s["port"] <= WORKER_PORTS[1])
@@ -70,7 +70,7 @@ def _rays_own(s: dict) -> bool:
 
 def test_pp2_mtp2_on_ray_executor_two_nodes(tmp_path, no_leftovers):
     """PP=2 + MTP k=2 through vLLM's Ray executor over the kit's two-node local Ray cluster, launched as
-    ``kit compare --nodes 2 --backend ray`` launches it (:class:`kit.multinode.MultiNode`): tokens equal the PP=1
+    ``kit compare --nodes 2 --backend ray`` launches it (:class:`kit.engine.multinode.MultiNode`): tokens equal the PP=1
     reference; stage 0 on node 0 (127.0.0.2), stage 1 with the drafter and the MTP layer's KV on node 1, as the live
     workers report it; the kit's patches in the Ray actors; no process of the run (server, engine core, GCS,
     raylets, dashboard agents, runtime-env agents, Ray workers) listens beyond loopback; teardown leaves no process

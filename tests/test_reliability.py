@@ -1,21 +1,20 @@
 """No hangs, no orphans: dead workers surface fast with their cause; nothing outlives its caller."""
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 
-import psutil
 import pytest
+from conftest import MODEL, ROOT
 
 from kit import engine
-from kit.faults import kill_tree, kill_when_generating as _kill_when_generating, vllm_processes as _vllm_children
-from kit.procs import leftover_vllm_processes
-from kit.topology import Topology
-
-from conftest import MODEL, ROOT
+from kit.checks.faults import kill_tree
+from kit.checks.faults import kill_when_generating as _kill_when_generating
+from kit.checks.faults import vllm_processes as _vllm_children
+from kit.core.topology import Topology
+from kit.engine.procs import leftover_vllm_processes
 
 pytestmark = [pytest.mark.engine, pytest.mark.reliability]
 PROMPTS = ["def add(a, b):\n    return", "import os\n"]
@@ -48,7 +47,7 @@ def test_caller_killed_leaves_no_vllm_process(tmp_path, no_leftovers):
     script.write_text(textwrap.dedent(f"""
         import sys; sys.path.insert(0, {str(ROOT)!r})
         from kit import engine
-        from kit.topology import Topology
+        from kit.core.topology import Topology
         engine.generate(Topology(model={MODEL!r}, random_weights=True, pp=2), ["x = 1"] * 4, max_tokens=2000)
     """))
     t_start = time.time()

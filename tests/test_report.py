@@ -1,11 +1,11 @@
-"""kit.report: what the index lists, read from an executed notebook. No engine (the notebooks' own runs are
+"""kit.lab.report: what the index lists, read from an executed notebook. No engine (the notebooks' own runs are
 tests/test_notebooks.py)."""
 import json
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from kit import report
+from kit.lab import report
 
 
 def _executed(tmp_path):

@@ -7,9 +7,9 @@ import sys
 from collections import Counter
 
 import pytest
-
 from conftest import MODEL, ROOT
-from kit.sampling import chi2_sf, homogeneity_test
+
+from kit.checks.sampling import chi2_sf, homogeneity_test
 
 # The stock CPU override of vLLM's expand kernel, and the rejection sampler's use of it, in a fresh process
 # (the override registry is process-global) with the kit's patches selected by KIT_PATCHES.
@@ -70,9 +70,9 @@ def test_homogeneity_test_tells_equal_from_different():
 
 def _acceptance(pp: int, spec: str, temperature: float, patches: str = "all", model: str = MODEL,
                 random_weights: bool = False, max_tokens: int = 64):
-    from kit.compare import load_prompts
-    from kit.sampling import sampled_acceptance
-    from kit.topology import Spec, Topology
+    from kit.checks.compare import load_prompts
+    from kit.checks.sampling import sampled_acceptance
+    from kit.core.topology import Spec, Topology
 
     topo = Topology(model=model, random_weights=random_weights, pp=pp, spec=Spec.parse(spec))
     return sampled_acceptance(topo, load_prompts(), temperature, seed=0, max_tokens=max_tokens,
@@ -102,9 +102,9 @@ def test_sampled_acceptance_without_the_patch_is_far_below_theory(no_leftovers):
 def test_sampled_output_distribution_equals_plain_engine_pp2(no_leftovers):
     """Lossless: PP=2 + mtp:2 at temperature 1 draws each of the first 4 tokens after 4 contexts from the same
     distribution as the plain PP=1 engine (chi-square homogeneity, Bonferroni, family alpha 1e-3)."""
-    from kit.compare import load_prompts
-    from kit.sampling import distribution_check
-    from kit.topology import Spec, Topology
+    from kit.checks.compare import load_prompts
+    from kit.checks.sampling import distribution_check
+    from kit.core.topology import Spec, Topology
 
     check, _ = distribution_check(Topology(model=MODEL, pp=2, spec=Spec.parse("mtp:2")), load_prompts(limit=4),
                                   1.0, samples=150, tokens=4)
@@ -116,9 +116,9 @@ def test_sampled_output_distribution_equals_plain_engine_pp2(no_leftovers):
 @pytest.mark.slow
 @pytest.mark.engine
 def test_sampled_output_distribution_without_the_patch_differs(no_leftovers):
-    from kit.compare import load_prompts
-    from kit.sampling import distribution_check
-    from kit.topology import Spec, Topology
+    from kit.checks.compare import load_prompts
+    from kit.checks.sampling import distribution_check
+    from kit.core.topology import Spec, Topology
 
     check, _ = distribution_check(Topology(model=MODEL, pp=1, spec=Spec.parse("mtp:2")), load_prompts(limit=4),
                                   1.0, samples=150, tokens=4, env={"KIT_PATCHES": "all,-cpu_rejection_expand"})
@@ -142,9 +142,9 @@ def test_sampled_acceptance_matches_theory_families(pp, spec, model, random_weig
 def test_seeded_chunked_prefill_on_cpu_off_and_on(no_leftovers):
     """cpu_seeded_generator_rewind: seeded requests whose prompts are split over steps (a 64-token budget) kill the
     stock CPU engine ('CPU Generator does not use offset'); with the patch they run to the end."""
-    from kit.compare import load_prompts
+    from kit.checks.compare import load_prompts
+    from kit.core.topology import Spec, Topology
     from kit.engine import EngineError, generate
-    from kit.topology import Spec, Topology
 
     def run(budget, patches):
         t = Topology(model=MODEL, pp=1, spec=Spec.parse("mtp:1"), max_num_batched_tokens=budget)

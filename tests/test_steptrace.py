@@ -1,9 +1,9 @@
-"""kit.steptrace.summary: where a decode step's time goes, from recorded step events (no engine)."""
+"""kit.worker.steptrace.summary: where a decode step's time goes, from recorded step events (no engine)."""
 from __future__ import annotations
 
 import pytest
 
-from kit import steptrace
+from kit.worker import steptrace
 
 
 def _fwd(rank, step, t0, t1, reqs, hidden_in=None):

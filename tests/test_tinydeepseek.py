@@ -13,12 +13,12 @@ if str(REPO) not in sys.path:
 
 torch = pytest.importorskip("torch")
 
-from kit.tiny import checkpoint, trainers  # noqa: E402
-from kit.tiny import deepseek as td  # noqa: E402
-from kit.tiny.config import DSConfig  # noqa: E402
-from kit.tiny.layers import InterleavedRotary  # noqa: E402
-from kit.tiny.tokenizer import encode_prompt  # noqa: E402
-from kit.tiny.train import compute_losses  # noqa: E402
+from kit.zoo.tiny import checkpoint, trainers  # noqa: E402
+from kit.zoo.tiny import deepseek as td  # noqa: E402
+from kit.zoo.tiny.config import DSConfig  # noqa: E402
+from kit.zoo.tiny.layers import InterleavedRotary  # noqa: E402
+from kit.zoo.tiny.tokenizer import encode_prompt  # noqa: E402
+from kit.zoo.tiny.train import compute_losses  # noqa: E402
 
 ZOO = REPO / "data" / "models" / "tiny-deepseek-v3"
 TRAINED = trainers.TINY_DEEPSEEK_DIR
@@ -115,11 +115,11 @@ def test_trained_dir_loads_with_zoo_config_and_tokenizer():
     manifest = json.loads((TRAINED / "manifest.json").read_text())
     assert manifest["model_safetensors_sha256"] == checkpoint.sha256_file(TRAINED / "model.safetensors")
     assert (TRAINED / "model.safetensors").stat().st_size < 20 * 2**20
-    from kit.models import resolve_model
+    from kit.core.models import resolve_model
 
     assert resolve_model("tiny-deepseek-v3-trained").has_trained_weights
     m = checkpoint.load_model(TRAINED)  # strict, and checks the tied copies
-    if not manifest["q_rope"]:  # q's rope rows exactly 0 (vLLM 0.32 CPU rotary op, see kit/tiny/deepseek.py)
+    if not manifest["q_rope"]:  # q's rope rows exactly 0 (vLLM 0.32 CPU rotary op, see kit/zoo/tiny/deepseek.py)
         for layer in m.model.layers:
             a = layer.self_attn
             assert not a.q_b_proj.weight.view(a.nh, a.hd, -1)[:, a.nope:].any()

@@ -12,10 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from kit.compare import load_prompts  # noqa: E402
-from kit.tiny import checkpoint, config, decode  # noqa: E402
-from kit.tiny.mimo import TinyMiMo  # noqa: E402
-from kit.tiny.tokenizer import encode_prompt  # noqa: E402
+from kit.checks.compare import load_prompts  # noqa: E402
+from kit.zoo.tiny import checkpoint, config, decode  # noqa: E402
+from kit.zoo.tiny.mimo import TinyMiMo  # noqa: E402
+from kit.zoo.tiny.tokenizer import encode_prompt  # noqa: E402
 
 MODEL_DIR = REPO / "data" / "models" / "tiny-mimo"
 
@@ -96,7 +96,7 @@ def test_prompt_files():
 
 
 def _quick(out: Path, seed: int = 0) -> dict:
-    subprocess.run([sys.executable, "-m", "kit.tiny", "train", "tiny-mimo", "--quick", "--seed", str(seed), "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "kit", "tiny", "train", "tiny-mimo", "--quick", "--seed", str(seed), "--out", str(out)],
                    cwd=REPO, check=True, timeout=300, capture_output=True)
     return json.loads((out / "manifest.json").read_text())
 
@@ -119,7 +119,7 @@ def test_quick_training_is_deterministic(tmp_path):
 @needs_model
 def test_parity_with_vllm(tmp_path):
     out = tmp_path / "parity.json"
-    r = subprocess.run([sys.executable, "-m", "kit.tiny", "parity", "--model", str(MODEL_DIR),
+    r = subprocess.run([sys.executable, "-m", "kit", "tiny", "parity", "--model", str(MODEL_DIR),
                         "--n", "4", "--max-tokens", "32", "--json", str(out)],
                        cwd=REPO, timeout=1200, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
@@ -132,7 +132,7 @@ def test_parity_with_vllm(tmp_path):
 @needs_model
 def test_mtp_k1_acceptance_on_default_prompts(tmp_path):
     out = tmp_path / "acc.json"
-    r = subprocess.run([sys.executable, "-m", "kit.tiny", "acceptance", "--model", str(MODEL_DIR),
+    r = subprocess.run([sys.executable, "-m", "kit", "tiny", "acceptance", "--model", str(MODEL_DIR),
                         "--k", "1", "--max-tokens", "64", "--json", str(out)],
                        cwd=REPO, timeout=1200, capture_output=True, text=True)
     assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]

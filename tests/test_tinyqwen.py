@@ -16,11 +16,11 @@ if str(REPO) not in sys.path:
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers.models.qwen3_5")
 
-from kit.tiny import checkpoint, decode, trainers  # noqa: E402
-from kit.tiny.config import Qwen35Config  # noqa: E402
-from kit.tiny.layers import DecoderLayer  # noqa: E402
-from kit.tiny.qwen3_5 import TinyQwen3_5  # noqa: E402
-from kit.tiny.train import compute_losses  # noqa: E402
+from kit.zoo.tiny import checkpoint, decode, trainers  # noqa: E402
+from kit.zoo.tiny.config import Qwen35Config  # noqa: E402
+from kit.zoo.tiny.layers import DecoderLayer  # noqa: E402
+from kit.zoo.tiny.qwen3_5 import TinyQwen3_5  # noqa: E402
+from kit.zoo.tiny.train import compute_losses  # noqa: E402
 
 ZOO = REPO / "data" / "models" / "tiny-qwen3_5"
 TRAINED = trainers.TINY_QWEN_DIR
@@ -58,7 +58,7 @@ def test_init_follows_qwen3_5_conventions():
 
 
 def test_drafter_block_equals_transformers_full_attention_layer():
-    """The drafter's decoder block (kit.tiny style, so the chain loss and the draft replay apply) computes what
+    """The drafter's decoder block (kit.zoo.tiny style, so the chain loss and the draft replay apply) computes what
     transformers' Qwen3_5DecoderLayer (full attention: gated output, q/k norms, partial RoPE) computes."""
     m = _model(2, jitter=0.05)
     hf_layer = m.model.layers[3]
@@ -110,7 +110,7 @@ def test_training_losses_run_on_the_model():
 
 def test_quick_training_is_deterministic(tmp_path):
     def quick(out):
-        subprocess.run([sys.executable, "-m", "kit.tiny", "train", "tiny-qwen3_5", "--quick", "--out", str(out)],
+        subprocess.run([sys.executable, "-m", "kit", "tiny", "train", "tiny-qwen3_5", "--quick", "--out", str(out)],
                        cwd=REPO, check=True, timeout=300, capture_output=True)
         return json.loads((out / "manifest.json").read_text())
 

@@ -2,10 +2,9 @@
 import json
 
 import pytest
-
-from kit.topology import Spec, Topology, TopologyError, omp_threads_bind
-
 from conftest import MODEL
+
+from kit.core.topology import Spec, Topology, TopologyError, omp_threads_bind
 
 
 def test_defaults_are_valid_and_reference_is_pp1_nospec():
@@ -119,7 +118,7 @@ def test_model_requirements_for_hybrid_gdn_models():
 def test_runner_auto_leaves_env_args_and_label_as_before():
     import warnings
 
-    from kit.topology import RUNNER_ENV
+    from kit.core.topology import RUNNER_ENV
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # auto on cpu (V1) with PP + spec: no RunnerWarning
@@ -135,7 +134,7 @@ def test_runner_auto_leaves_env_args_and_label_as_before():
 
 
 def test_runner_reaches_every_node_of_a_plan():
-    from kit.topology import RUNNER_ENV
+    from kit.core.topology import RUNNER_ENV
 
     t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", nodes=2, runner="v1")
     for backend in ("mp", "ray"):
@@ -162,7 +161,7 @@ def test_bad_runners_are_refused_in_one_line(kwargs, fragment):
 
 
 def test_pp_spec_on_the_v2_runner_warns_that_the_v1_patches_do_not_apply():
-    from kit.topology import RunnerWarning
+    from kit.core.topology import RunnerWarning
 
     with pytest.warns(RunnerWarning, match="V1 correctness patches do not apply"):
         t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", device="cuda", runner="v2")
@@ -176,9 +175,9 @@ def test_pp_spec_on_the_v2_runner_warns_that_the_v1_patches_do_not_apply():
 
 
 def test_every_process_of_a_one_node_topology_stays_on_loopback():
-    """vLLM's rendezvous and queues, gloo and NIXL's UCX bind loopback only (kit.topology.LOOPBACK_ENV); a
+    """vLLM's rendezvous and queues, gloo and NIXL's UCX bind loopback only (kit.core.topology.LOOPBACK_ENV); a
     multi-node plan's per-node address wins over it."""
-    from kit.topology import LOOPBACK_ENV
+    from kit.core.topology import LOOPBACK_ENV
 
     env = Topology(model=MODEL, random_weights=True, pp=2).env()
     assert {k: env[k] for k in LOOPBACK_ENV} == {"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
@@ -197,9 +196,9 @@ def test_two_runs_writing_one_random_checkpoint_do_not_replace_each_others(tmp_p
     import textwrap
     import time
 
-    from kit.models import random_checkpoint, resolve_model
-
     from conftest import ROOT
+
+    from kit.core.models import random_checkpoint, resolve_model
 
     monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
     writing, a_done = tmp_path / "b-writing", tmp_path / "a-done"
@@ -214,7 +213,7 @@ def test_two_runs_writing_one_random_checkpoint_do_not_replace_each_others(tmp_p
                 time.sleep(0.05)
             return real(*a, **kw)
         sn.save_file = slow
-        from kit.models import random_checkpoint, resolve_model
+        from kit.core.models import random_checkpoint, resolve_model
         random_checkpoint(resolve_model({MODEL!r}), 7)
     """)], env={**os.environ, "KIT_CACHE_DIR": str(tmp_path)})
     deadline = time.monotonic() + 60

@@ -8,11 +8,10 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from conftest import MODEL
 
 from kit import pd
 from kit.pd.vllm_router import ROUTERS, choose_router, router_binary, router_command, router_version
-
-from conftest import MODEL
 
 
 def test_the_pinned_router_takes_every_flag_the_kit_passes():

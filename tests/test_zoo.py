@@ -1,12 +1,12 @@
-"""The tiny-model zoo under data/models/ matches what kit/zoo.py generates (no vLLM engine)."""
+"""The tiny-model zoo under data/models/ matches what kit/zoo/write.py generates (no vLLM engine)."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from kit import zoo
-from kit.models import MODELS_DIR, resolve_model
+from kit.zoo import write as zoo
+from kit.core.models import MODELS_DIR, resolve_model
 
 
 @pytest.fixture(scope="module", params=zoo.ZOO)
@@ -20,7 +20,7 @@ def _read_json(path):
 
 def test_zoo_dir_has_files(name):
     d = MODELS_DIR / name
-    assert d.is_dir(), f"{d} missing: run python -m kit.zoo"
+    assert d.is_dir(), f"{d} missing: run kit zoo"
     for f in ("config.json", "generation_config.json", "weights.json", *zoo.TOKENIZER_FILES):
         assert (d / f).is_file(), f"{d / f} missing"
     assert not (d / "model.safetensors").exists(), "zoo models ship no weights (random_checkpoint writes them)"
@@ -29,7 +29,7 @@ def test_zoo_dir_has_files(name):
 def test_zoo_files_match_generator(name):
     d = MODELS_DIR / name
     for fname, text in zoo.model_files(name).items():
-        assert _read_json(d / fname) == json.loads(text), f"{d / fname} differs from kit/zoo.py: run python -m kit.zoo"
+        assert _read_json(d / fname) == json.loads(text), f"{d / fname} differs from kit/zoo/write.py: run kit zoo"
 
 
 def test_weights_manifest_matches_generator(name):
@@ -115,7 +115,7 @@ def test_eagle3_draft_named_in_kit_json():
 
 def test_random_checkpoint_from_manifest(tmp_path, monkeypatch):
     """random_checkpoint writes exactly the manifest's tensors (small model only, to stay fast)."""
-    from kit.models import random_checkpoint, weights_manifest_from_safetensors
+    from kit.core.models import random_checkpoint, weights_manifest_from_safetensors
 
     monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
     info = resolve_model("tiny-llama-swa-eagle3")
@@ -127,7 +127,7 @@ def test_every_zoo_target_is_in_the_correctness_matrix():
     """Each zoo model with a drafter has matrix cells at PP 2 and 4 for k 1..3, on its random weights or on its
     trained variant (zoo.TRAINED); Qwen3.5 (a recurrent state per request on each stage) also at PP 1, with
     max_num_seqs below the prompt count."""
-    from kit.matrix import CELLS, NUM_PROMPTS
+    from kit.checks.matrix import CELLS, NUM_PROMPTS
 
     for name in zoo.ZOO:
         if zoo.config(name)["architectures"][0].endswith("Eagle3"):

@@ -4,7 +4,7 @@ vLLM calls :func:`load_plugin` (entry point ``vllm.general_plugins``) once in ea
 front end, the engine core, each PP worker. Each patch is applied only in the processes that run the code it
 fixes (:class:`Proc`); ``KIT_PATCHES`` selects: ``all`` (default), ``none``, a comma list of names, or
 ``all,-name`` to leave some out (the notebooks use that to show what breaks). ``docs/patches.md`` is
-generated from this registry (``python -m kit.patches.docs``); a test fails when it is out of date.
+generated from this registry (``kit patch-docs``); a test fails when it is out of date.
 
 Adding a patch (one module file + one registry entry):
 
@@ -14,7 +14,7 @@ Adding a patch (one module file + one registry entry):
    :func:`install` (it marks the replacement, so nothing is wrapped twice, and undoes a half-applied patch),
    and ``PATCH = Patch(name="<name>", ...)`` with every field filled in.
 2. Add ``"<name>"`` to :data:`INDEX` below, where it belongs in application order.
-3. Tests off and on (name them in ``tests=``), then ``python -m kit.patches.docs`` to rewrite
+3. Tests off and on (name them in ``tests=``), then ``kit patch-docs`` to rewrite
    ``docs/patches.md``.
 
 Failures never kill a vLLM process here: a patch whose module does not import, whose ``needed()`` or whose
@@ -36,7 +36,7 @@ from enum import Enum
 from typing import Any, Callable
 
 # The process kinds and which ones this process runs (kept importable from here).
-from ..vllm_process import ALL_PROCS, ENV_EVERYWHERE, Proc, loader_caller, process_kinds  # noqa: F401
+from kit.patches.vllm_process import ALL_PROCS, ENV_EVERYWHERE, Proc, loader_caller, process_kinds  # noqa: F401
 
 log = logging.getLogger("kit.patches")
 
@@ -100,7 +100,7 @@ class Runner(str, Enum):
 
 
 class Kind(str, Enum):
-    """When the patched code runs: at start-up only, or on every engine step (``kit.patch_overhead`` times
+    """When the patched code runs: at start-up only, or on every engine step (``kit.bench.patch_overhead`` times
     the per-step ones)."""
 
     START_UP = "start-up"
@@ -109,7 +109,7 @@ class Kind(str, Enum):
 
 @dataclass(frozen=True)
 class StepProbe:
-    """How to call a per-step wrapper on the PP=1 / no-spec path, for :mod:`kit.patch_overhead`."""
+    """How to call a per-step wrapper on the PP=1 / no-spec path, for :mod:`kit.bench.patch_overhead`."""
 
     owner: Any
     attr: str
@@ -141,7 +141,7 @@ class Patch:
     # Nothing to apply (the fix is upstream); not evaluated at plugin load, where its detection would cost
     # every process start-up time (draft_pp_gate: ~1.3 s), only by `kit doctor`.
     report_only: bool = False
-    # kind == PER_STEP: the wrapper's no-op path for kit.patch_overhead (None: not on the PP=1 no-spec path).
+    # kind == PER_STEP: the wrapper's no-op path for kit.bench.patch_overhead (None: not on the PP=1 no-spec path).
     step_probe: "Callable[[int], StepProbe] | None" = None
 
     def __post_init__(self) -> None:

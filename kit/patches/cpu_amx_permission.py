@@ -14,7 +14,7 @@ Turn off: ``KIT_PATCHES=all,-cpu_amx_permission``.
 """
 from __future__ import annotations
 
-from . import Kind, Patch, Proc, Runner
+from kit.patches import Kind, Patch, Proc, Runner
 
 NAME = "cpu_amx_permission"
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_gdn_spec_conv_window"
 _MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"

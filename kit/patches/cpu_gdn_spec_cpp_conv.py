@@ -28,7 +28,7 @@ import functools
 import importlib
 import inspect
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_gdn_spec_cpp_conv"
 _MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"

@@ -22,7 +22,7 @@ Turn off: ``KIT_PATCHES=all,-cpu_ray_executor``.
 """
 from __future__ import annotations
 
-from . import MARK, Kind, Patch, Proc, Runner, install
+from kit.patches import MARK, Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_ray_executor"
 DEVICE_KEY = "CPU"
@@ -49,11 +49,11 @@ def worker_setup() -> None:
     """Ray's worker-process setup hook: the patch inside each Ray actor before its first method runs (the
     kit's plugin loads there only later, in ``initialize_worker``, after the device-id query and after the
     rank-0 actor created its rendezvous store: ``ray_store_bind_host``, when selected, is applied here too)."""
-    from . import is_active
+    from kit.patches import is_active
 
     _apply()
     if is_active("ray_store_bind_host"):
-        from . import ray_store_bind_host
+        from kit.patches import ray_store_bind_host
 
         ray_store_bind_host._apply()
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import inspect
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_rejection_expand"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, StepProbe, install
+from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "cpu_rope_layout"
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_seeded_generator_rewind"
 _STATES = "_kit_discard_generator_states"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import os
 
-from . import Kind, Patch, Proc, Runner, install, is_active, selected_names
+from kit.patches import Kind, Patch, Proc, Runner, install, is_active, selected_names
 
 NAME = "decode_side_pp_spec_rule"
 

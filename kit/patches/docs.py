@@ -1,4 +1,4 @@
-"""Write ``docs/patches.md`` from the registry: ``python -m kit.patches.docs [--check] [PATH]``.
+"""Write ``docs/patches.md`` from the registry: ``kit patch-docs [--check] [PATH]``.
 
 ``--check`` exits 1 (and says how to regenerate) when the file differs from what the registry gives;
 ``tests/test_patches.py`` runs the same comparison.
@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import ENV_LOG, ENV_SELECT, INDEX, MARK, SUPPORTED_VLLM, Kind, Patch, Proc, registry
+from kit.patches import ENV_LOG, ENV_SELECT, INDEX, MARK, SUPPORTED_VLLM, Kind, Patch, Proc, registry
 
 DOC_PATH = Path(__file__).resolve().parent.parent.parent / "docs" / "patches.md"
-REGENERATE = "python -m kit.patches.docs"
+REGENERATE = "kit patch-docs"
 
 _HEAD = f"""# The kit's patches to vLLM
 
@@ -65,7 +65,7 @@ The JSON line (one per process that loaded the plugin) carries `pid`, `ppid`, `t
 ## What it costs
 
 Per step: `kit bench --patch-overhead` times every per-step wrapper on the PP=1 no-spec path (the patches with
-kind `per-step` and a step probe). At start-up: `python -m kit.patch_overhead startup --raw FILE --out
+kind `per-step` and a step probe). At start-up: `kit patch-overhead startup --raw FILE --out
 docs/results/patch-startup.md` starts fresh engines alternately with the patches in every process and only
 where their code runs, and writes engine start time and each process's plugin time (`seconds` above) with
 date, machine, versions and command.
@@ -145,10 +145,10 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kit.patches.docs [--check] [PATH]``: write (or compare) ``docs/patches.md``."""
-    from ..results import write_or_check
+    """``kit patch-docs [--check] [PATH]``: write (or compare) ``docs/patches.md``."""
+    from kit.core.results import write_or_check
 
-    path, rc = write_or_check(sys.argv[1:] if argv is None else list(argv), DOC_PATH, render(), "kit/patches/",
+    path, rc = write_or_check(sys.argv[1:] if argv is None else list(argv), DOC_PATH, render, "kit/patches/",
                               REGENERATE)
     if rc is not None:
         return rc

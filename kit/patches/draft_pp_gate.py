@@ -12,7 +12,7 @@ Turn off: nothing to turn off (report only).
 """
 from __future__ import annotations
 
-from . import Kind, Patch, Proc, Runner
+from kit.patches import Kind, Patch, Proc, Runner
 
 NAME = "draft_pp_gate"
 

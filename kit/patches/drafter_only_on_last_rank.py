@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "drafter_only_on_last_rank"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, StepProbe, install
+from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "eagle3_aux_hidden_states_over_pp"
 

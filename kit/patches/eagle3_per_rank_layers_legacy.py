@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "eagle3_per_rank_layers_legacy"
 

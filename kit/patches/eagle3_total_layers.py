@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import inspect
 
-from . import Kind, Patch, Proc, Runner
-from .draft_pp_gate import nothing_to_apply
+from kit.patches import Kind, Patch, Proc, Runner
+from kit.patches.draft_pp_gate import nothing_to_apply
 
 NAME = "eagle3_total_layers"
 

@@ -16,7 +16,7 @@ import functools
 import inspect
 import logging
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "glm4_moe_dense_stage"
 log = logging.getLogger("kit.patches")

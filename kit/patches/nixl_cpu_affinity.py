@@ -20,7 +20,7 @@ import functools
 import inspect
 import os
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "nixl_cpu_affinity"
 

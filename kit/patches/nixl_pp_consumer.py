@@ -34,7 +34,7 @@ import functools
 import inspect
 import threading
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "nixl_pp_consumer"
 _REFUSAL = "consumer (decode) does not support"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "nixl_pp_draft_regions"
 

@@ -29,7 +29,7 @@ import functools
 import inspect
 from typing import Iterable
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "pp_batch_order_agree"
 

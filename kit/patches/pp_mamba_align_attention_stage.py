@@ -24,7 +24,7 @@ import copy
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "pp_mamba_align_attention_stage"
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "pp_spec_engine_step"
 

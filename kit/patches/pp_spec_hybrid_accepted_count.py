@@ -31,8 +31,8 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, install
-from .pp_spec_token_history import _step_probe  # the same wrapped function, the same no-op path
+from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches.pp_spec_token_history import _step_probe  # the same wrapped function, the same no-op path
 
 NAME = "pp_spec_hybrid_accepted_count"
 

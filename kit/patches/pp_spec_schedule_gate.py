@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 
-from . import Kind, Patch, Proc, Runner, StepProbe, install
+from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "pp_spec_schedule_gate"
 

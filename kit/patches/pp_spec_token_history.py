@@ -24,7 +24,7 @@ import functools
 import inspect
 import logging
 
-from . import Kind, Patch, Proc, Runner, StepProbe, install
+from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "pp_spec_token_history"
 

@@ -37,7 +37,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from . import Kind, Patch, Proc, Runner
+from kit.patches import Kind, Patch, Proc, Runner
 
 NAME = "qwen_vl_no_torchvision"
 TARGET = "transformers.models.qwen2_vl.image_processing_qwen2_vl"

@@ -26,8 +26,8 @@ from __future__ import annotations
 import socket
 import sys
 
-from . import MARK, Kind, Patch, Proc, Runner, install
-from .tcp_store_bind_host import listen_socket
+from kit.patches import MARK, Kind, Patch, Proc, Runner, install
+from kit.patches.tcp_store_bind_host import listen_socket
 
 NAME = "ray_store_bind_host"
 RAY_EXECUTOR = "vllm.v1.executor.ray_executor_v2"

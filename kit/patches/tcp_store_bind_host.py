@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import socket
 
-from . import Kind, Patch, Proc, Runner, install
+from kit.patches import Kind, Patch, Proc, Runner, install
 
 NAME = "tcp_store_bind_host"
 

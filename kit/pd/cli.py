@@ -9,15 +9,22 @@ import json
 import os
 import sys
 
-from ..command import (add_command, add_model_flags, add_output_flags, add_prompt_flags, check_max_tokens,
-                       parse_assignments, read_prompts)
-from ..engine import EngineError
-from ..httpclient import check_api_key
-from ..topology import Spec, TopologyError
-from .client import PDError
-from .compare import pd_compare
-from .layout import DEFAULT_KV_EXTRA_CONFIG, check_pair, pd_topologies
-from .vllm_router import ROUTERS, choose_router
+from kit.core.flags import (
+    add_command,
+    add_model_flags,
+    add_output_flags,
+    add_prompt_flags,
+    check_max_tokens,
+    parse_assignments,
+    read_prompts,
+)
+from kit.core.topology import Spec, TopologyError
+from kit.engine import EngineError
+from kit.engine.httpclient import check_api_key
+from kit.pd.client import PDError
+from kit.pd.compare import pd_compare
+from kit.pd.layout import DEFAULT_KV_EXTRA_CONFIG, check_pair, pd_topologies
+from kit.pd.vllm_router import ROUTERS, choose_router
 
 
 def parse_kv_extra(items: list[str]) -> dict:

@@ -1,4 +1,4 @@
-"""HTTP to the pair's vLLM servers through the kit's one ``httpx`` client (:mod:`kit.httpclient`): one POST
+"""HTTP to the pair's vLLM servers through the kit's one ``httpx`` client (:mod:`kit.engine.httpclient`): one POST
 helper, the server-sent-event stream.
 
 Every call names the server it went to and turns transport failures, timeouts and HTTP errors into a
@@ -15,8 +15,8 @@ from typing import Any, Iterator
 
 import httpx
 
-from ..engine import Server
-from ..httpclient import client as _client
+from kit.engine import Server
+from kit.engine.httpclient import client as _client
 
 
 class PDError(RuntimeError):

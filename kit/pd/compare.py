@@ -9,14 +9,13 @@ import contextlib
 import time
 from pathlib import Path
 
-from ..compare import first_divergence
-from ..engine import GenerationResult, generate
-from ..metrics import SpecCounters
-from ..topology import Topology, TopologyError
-from ..validate import check_count, check_generation
-from .layout import DEFAULT_KV_EXTRA_CONFIG, kv_bytes_expected
-from .pair import PDPair
-from .vllm_router import ROUTERS, VllmRouter, choose_router, router_version
+from kit.core.metrics import SpecCounters
+from kit.core.topology import Topology, TopologyError
+from kit.core.validate import check_count, check_generation
+from kit.engine import GenerationResult, first_divergence, generate
+from kit.pd.layout import DEFAULT_KV_EXTRA_CONFIG, kv_bytes_expected
+from kit.pd.pair import PDPair
+from kit.pd.vllm_router import ROUTERS, VllmRouter, choose_router, router_version
 
 
 def acceptance_vs_colocated(consumer: dict, colocated: dict, n_requests: int, colocated_identical: bool) -> dict:

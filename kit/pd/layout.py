@@ -1,6 +1,6 @@
 """Which PD pairs run and how: the connector (pull or push) and why, the pair checks, the KV volume expected.
 
-Everything here is decided from the two :class:`~kit.topology.Topology` objects alone, before any process
+Everything here is decided from the two :class:`~kit.core.topology.Topology` objects alone, before any process
 starts: :func:`check_pair` refuses what vLLM 0.32 would refuse, :func:`choose_connector` picks pull
 (``NixlConnector``) or push (``NixlPushConnector``) with its reason, :func:`kv_bytes_expected` gives the bytes
 NIXL must move for prompts of given lengths.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..engine import precheck
-from ..topology import Spec, Topology, TopologyError
+from kit.core.topology import Spec, Topology, TopologyError
+from kit.engine import precheck
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -116,7 +116,7 @@ def as_served(t: Topology, kv_extra: dict | None = None) -> Topology:
     """The topology as the pair serves it: per-request metrics in responses, NIXL's extra config.
 
     Both go through ``extra_engine_args`` (which :meth:`Topology.serve_args` turns into flags), so
-    :mod:`kit.topology` needs no change: ``kv_transfer_config`` is the topology's own plus
+    :mod:`kit.core.topology` needs no change: ``kv_transfer_config`` is the topology's own plus
     ``kv_connector_extra_config``.
     """
     extra = dict(t.extra_engine_args)

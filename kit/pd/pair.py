@@ -6,7 +6,7 @@ its half of the cores, a health wait with a deadline and one log file), ends bot
 remote decode, then to the consumer with the returned ``kv_transfer_params`` unchanged and the SAME
 ``X-Request-Id`` (push mode pairs the two requests by id). Greedy, token ids returned by the server
 (``return_token_ids``), non-streaming or streaming, one request or many in threads. What moved is read from
-both servers' ``/metrics`` (:class:`~kit.metrics.Counters`).
+both servers' ``/metrics`` (:class:`~kit.core.metrics.Counters`).
 """
 from __future__ import annotations
 
@@ -22,14 +22,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..engine import DEFAULT_START_TIMEOUT, EngineError, Server, free_port
-from ..metrics import Counters, block_size_from_metrics
-from ..models import cache_dir
-from ..procs import Abandoned, call_watched, fatal_log_lines
-from ..topology import Topology, omp_threads_bind
-from ..validate import check_count, check_prompts, check_seconds
-from .client import PDError, get, model_id, post_json, stream_completion
-from .layout import DEFAULT_KV_EXTRA_CONFIG, as_served, check_pair
+from kit.core.metrics import Counters, block_size_from_metrics
+from kit.core.models import cache_dir
+from kit.core.net import free_port
+from kit.core.topology import Topology, omp_threads_bind
+from kit.core.validate import check_count, check_prompts, check_seconds
+from kit.engine import DEFAULT_START_TIMEOUT, EngineError, Server
+from kit.engine.procs import Abandoned, call_watched, fatal_log_lines
+from kit.pd.client import PDError, get, model_id, post_json, stream_completion
+from kit.pd.layout import DEFAULT_KV_EXTRA_CONFIG, as_served, check_pair
 
 DEFAULT_REQUEST_TIMEOUT = 180.0
 # The producer call: prefill only, and ask the connector to keep the KV for a remote decode.
@@ -182,7 +183,7 @@ class PDPair:
                         pass
             finally:
                 booted[role].set()
-            # kit.procs starts each server with PR_SET_PDEATHSIG, which the kernel fires when the *thread*
+            # kit.engine.procs starts each server with PR_SET_PDEATHSIG, which the kernel fires when the *thread*
             # that forked the child exits: the thread that started a server must live until it is stopped.
             if hold and role not in errors:
                 self._release.wait()

@@ -31,12 +31,12 @@ from pathlib import Path
 
 import httpx
 
-from ..engine import free_port
-from ..httpclient import client
-from ..procs import ManagedProcess
-from ..topology import TopologyError
-from .client import PDError, post_json, stream_completion
-from .pair import PDPair, PDRequest, finish_record
+from kit.core.net import free_port
+from kit.core.topology import TopologyError
+from kit.engine.httpclient import client
+from kit.engine.procs import ManagedProcess
+from kit.pd.client import PDError, post_json, stream_completion
+from kit.pd.pair import PDPair, PDRequest, finish_record
 
 DEFAULT_ROUTER_START_TIMEOUT = 60.0
 # Who sends a PD request's two calls: the kit (PDPair.complete) or vLLM's router; "auto" picks by connector.

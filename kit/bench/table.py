@@ -1,0 +1,200 @@
+"""``kit bench``'s records and tables: engine runs as records (JSONL for ``--save-runs``/``--from-runs``),
+aggregated per topology (median, min, max), and the markdown rows; the ``--breakdown`` step-cost tables with
+:mod:`kit.bench.payoff`'s predictions.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from kit.core.topology import Topology, TopologyError
+
+__all__ = ["TABLE_HEAD", "aggregate", "breakdown_lines", "load_runs", "payoff_rows", "save_run", "table_line"]
+
+
+TABLE_HEAD = ["| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd "
+              "| peak RSS MiB (largest process) |",
+              "|---|---|---|---|---|---|---|"]
+
+
+def _describe(label: str, topo: Topology, batch: int | None) -> dict:
+    """What a run record says about its row: model, topology label, PP, spec, k, batch."""
+    return {"model": topo.model, "trained": not topo.random_weights,
+            "topology": label + (f" b{batch}" if batch else ""), "pp": topo.pp,
+            "spec": str(topo.spec) if topo.spec else "none", "k": topo.spec.k if topo.spec else 0, "batch": batch}
+
+
+def save_run(path: str, record: dict) -> None:
+    """Append one engine run (one batch size) to a JSONL file, for ``--from-runs`` to merge later."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def load_runs(paths: str) -> list[dict]:
+    """The run records of comma-separated JSONL files written by ``--save-runs``; ``FILE@MODEL`` takes only
+    that model's runs from FILE (to combine one model's rows from one file with another model's from another)."""
+    records = []
+    for entry in [x for x in paths.split(",") if x]:
+        p, _, only = entry.partition("@")
+        if not Path(p).is_file():
+            raise TopologyError(f"--from-runs: {p} does not exist")
+        for n, line in enumerate(Path(p).read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    raise TopologyError(f"--from-runs: {p}:{n} is not JSON") from None
+                if not only or rec.get("model") == only:
+                    records.append(rec)
+    return records
+
+
+def _summary(vals: list) -> dict | None:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
+
+def median_engine(runs: list[dict]) -> dict:
+    """The run with the median decode tok/s (the lower one of the middle two for an even count). Its step
+    components stand for the row: on a shared machine one disturbed engine would pull a mean of the components
+    away from the median speed the row reports, and the prediction would then miss a speed no engine showed."""
+    ranked = sorted(runs, key=lambda r: r["decode_tok_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def aggregate(records: list[dict]) -> list[dict]:
+    """One row per (model, topology) in first-seen order: median/min/max over its engines; where the runs were
+    timed (``--breakdown``), the step components of the median engine (by decode tok/s)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["model"], r["topology"]), []).append(r)
+    several = len({m for m, _ in groups}) > 1
+    rows = []
+    for (model, label), rs in groups.items():
+        r0 = rs[0]
+        rows.append({
+            "model": model, "trained": r0.get("trained", True), "topology": label,
+            "label": f"{model} {label}" if several else label, "pp": r0["pp"], "spec": r0["spec"], "k": r0["k"],
+            "batch": r0.get("batch"), "runs": len(rs), "started_at": min(r.get("started_at") or "" for r in rs) or None,
+            "start_s": _summary([r["start_s"] for r in rs]), "ttft_s": _summary([r["ttft_s"] for r in rs]),
+            "decode_tok_s": _summary([r["decode_tok_s"] for r in rs]),
+            "mean_accept_len": (_summary([r["mean_accept_len"] for r in rs]) or {}).get("median"),
+            "tokens_per_target_forward": (_summary([r["tokens_per_target_forward"] for r in rs]) or {}).get("median"),
+            "peak_rss_mib": max((max(r["peak_rss_mib"].values(), default=0) for r in rs), default=0),
+            "components": median_engine(rs).get("components"),
+        })
+    return rows
+
+
+def _fmt(s: dict | None, fmt: str) -> str:
+    if not s:
+        return "-"
+    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
+
+
+def table_line(row: dict) -> str:
+    """The markdown row of an aggregated row."""
+    mal = row["mean_accept_len"]
+    return (f"| {row['label']} | {_fmt(row['start_s'], '{:.1f}')} | {_fmt(row['ttft_s'], '{:.3f}')} "
+            f"| {_fmt(row['decode_tok_s'], '{:.1f}')} | {'-' if mal is None else f'{mal:.2f}'} "
+            f"| {row['tokens_per_target_forward']:.2f} | {row['peak_rss_mib']} |")
+
+
+def payoff_rows(rows: list[dict]) -> list[dict]:
+    """Aggregated bench rows in the form :func:`kit.bench.payoff.predict` takes (rows without a batch size: batch =
+    all prompts at once is not a fixed batch, they are left out)."""
+    out = []
+    for r in rows:
+        if r.get("batch") and r.get("components") and r["decode_tok_s"]:
+            out.append({"model": r["model"], "pp": r["pp"], "batch": r["batch"], "k": r["k"],
+                        "decode_tok_s": r["decode_tok_s"]["median"], "tokens_per_forward": r["mean_accept_len"] or 1.0,
+                        "components": r["components"], "label": r["label"]})
+    return out
+
+
+def breakdown_lines(rows: list[dict], ks: tuple[int, ...] = (1, 2, 3, 4)) -> list[str]:
+    """The ``--breakdown`` tables: per-step components, predicted against measured speed-up (each row gets its
+    prediction in ``row["payoff"]``), and the break-even acceptance rate per (model, PP, batch) and k."""
+    from kit.bench.payoff import costs_by_group, predict
+
+    ms = lambda x: f"{1e3 * x:.2f}"  # noqa: E731
+    lines = ["", "Per decode step (the row's median engine by decode tok/s; ms): the step period on the last rank, the target "
+             "forward summed over the stages (per stage), the later stages' wait for the previous one, the drafter, "
+             "and the rest (fixed = period - forward - draft); per stage the share of the decode window spent in "
+             "forward + draft (busy) and waiting (recv); forward overlap = time two stages computed at once / "
+             "stage 0's forward time.", "",
+             "| topology | steps | period | forward (per stage) | recv | draft | fixed | busy per stage | recv per stage "
+             "| forward overlap |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r.get("components")
+        if not c:
+            continue
+        tl = c.get("timeline") or {}
+        st = tl.get("stages", [])
+        ov = tl.get("forward_overlap")
+        busy = " / ".join(f"{s['busy']:.0%}" for s in st)
+        recv = " / ".join(f"{s['recv']:.0%}" for s in st)
+        lines.append(f"| {r['label']} | {c['steps']:.0f} | {ms(c['period_s'])} | {ms(c['forward_s'])} "
+                     f"({' + '.join(ms(x) for x in c['forward_per_stage_s'])}) | {ms(c['recv_s'])} | {ms(c['draft_s'])} "
+                     f"| {ms(c['fixed_s'])} | {busy} | {recv} | {'-' if ov is None else f'{ov:.0%}'} |")
+    preds = predict(payoff_rows(rows))
+    by_label = {(p["model"], p["pp"], p["batch"], p["k"]): p for p in preds}
+    for r in rows:
+        p = by_label.get((r["model"], r["pp"], r.get("batch"), r["k"]))
+        if p:
+            r["payoff"] = {key: p[key] for key in ("measured", "predicted", "error", "agrees", "acceptance", "break_even",
+                                                   "occupancy", "predicted_at_occupancy", "error_at_occupancy",
+                                                   "agrees_at_occupancy")}
+    lines += ["", "Speed-up over no speculation (same model, PP, batch): measured (median decode tok/s ratio) and "
+              "predicted by kit.bench.payoff from the fitted step costs and the row's measured mean acceptance length; "
+              "a = the i.i.d. per-position acceptance rate with that length; a* = break-even rate for that k. The "
+              "prediction assumes full steps (every step carrying the plain engine's requests per step); occupancy = "
+              "plain steps / (speculative steps x mean acceptance length) is how full the speculative steps were, "
+              "and the last columns predict at that measured occupancy.", "",
+              "| topology | mean accept len | a | measured | predicted (full steps) | error | within 15 % | a* "
+              "| occupancy | predicted at occupancy | error | within 15 % |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r.get("payoff")
+        if p:
+            be = "never pays" if p["break_even"] is None else f"{p['break_even']:.2f}"
+            lines.append(f"| {r['label']} | {r['mean_accept_len']:.2f} | {p['acceptance']:.3f} | {p['measured']:.2f}x "
+                         f"| {p['predicted']:.2f}x | {100 * p['error']:+.0f} % | {'yes' if p['agrees'] else 'NO'} | {be} "
+                         + (f"| {p['occupancy']:.2f} | {p['predicted_at_occupancy']:.2f}x | {100 * p['error_at_occupancy']:+.0f} % "
+                            f"| {'yes' if p['agrees_at_occupancy'] else 'NO'} |" if p["occupancy"] else "| - | - | - | - |"))
+    costs = costs_by_group(payoff_rows(rows))
+    if costs:
+        lines += ["", "Fitted step costs (ms) and the break-even acceptance rate a* per k (below it speculation "
+                  "loses; 'never' = loses even when every draft is accepted):", "",
+                  "| model | PP | batch | T(0) | fixed no-spec | fixed spec | forward(n) | draft(k) | "
+                  + " | ".join(f"a* k={k}" for k in ks) + " |", "|---" * (8 + len(ks)) + "|"]
+        for (model, pp, batch), c in costs.items():
+            bes = [c.break_even(k) for k in ks]
+            lines.append(f"| {model} | {pp} | {batch} | {ms(c.step_s(0))} | {ms(c.fixed_nospec_s)} | {ms(c.fixed_spec_s)} "
+                         f"| {ms(c.forward_base_s)} + {1e3 * c.forward_per_token_s:.3f} n | {ms(c.draft_base_s)} + "
+                         f"{ms(c.draft_per_token_s)} k | "
+                         + " | ".join("never" if b is None else f"{b:.2f}" for b in bes) + " |")
+            for r in rows:
+                if (r["model"], r["pp"], r.get("batch")) == (model, pp, batch):
+                    r["costs"] = c.to_dict()
+    return lines
+
+
+def timeline_lines(records: list[dict]) -> list[str]:
+    """The ``--timeline`` table: one line per traced engine run (:func:`kit.worker.steptrace.summary`)."""
+    from kit.worker.steptrace import TIMELINE_HEAD, summary_line
+
+    runs = [r for r in records if r.get("timeline")]
+    if not runs:
+        return []
+    several = len({r["model"] for r in runs}) > 1
+    return ["", "Timeline per engine run (kit.worker.steptrace; decode steps only; ms per step): period = rank 0's start to "
+            "its next start; the critical path rank-0 forward, send to the next stage, last-rank forward, sample, "
+            "drafter, drafts collected (handoff), back to rank 0's next start; per stage busy / waiting for the "
+            "previous stage / idle; steps that started while the previous one still ran on the last rank (time two "
+            "stages computed at once / rank 0's forward); the engine core's least wait in post_step (rank 0's start "
+            "to the drafts leaving the last rank).", "", *TIMELINE_HEAD,
+            *(summary_line(f"{r['model']} {r['topology']}" if several else r["topology"], r["timeline"]) for r in runs)]

@@ -1,0 +1,89 @@
+"""The child side: ``vllm.LLM`` for a topology in this process (:class:`LocalEngine`).
+
+It runs in the kit's child process (:mod:`kit.engine.child`); a caller that uses it directly must be importable by
+spawned workers (a script with a ``__main__`` guard).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from kit.core.metrics import SpecCounters
+from kit.core.topology import Topology
+from kit.engine.progress import generation_bar
+from kit.engine.result import GenerationResult
+
+
+def _apply_env(topology: Topology) -> None:
+    for k, v in topology.env().items():
+        os.environ.setdefault(k, v)
+    os.environ.update(topology.runner_env())  # an explicit runner choice wins over the caller's environment
+
+
+class LocalEngine:
+    """``vllm.LLM`` for a topology, in this process. Use as a context manager."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self.llm = None
+
+    def __enter__(self) -> "LocalEngine":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> None:
+        _apply_env(self.topology)
+        from vllm import LLM
+
+        args = self.topology.engine_args()
+        args.setdefault("worker_extension_cls", "kit.worker.ext.KitWorkerExtension")
+        self.llm = LLM(**args)
+
+    def counters(self) -> SpecCounters:
+        return SpecCounters.from_metrics(self.llm.get_metrics())
+
+    def generate(self, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
+                 top2: bool = False, seed: int | None = None, ignore_eos: bool = True,
+                 progress_lines: bool = False) -> GenerationResult:
+        """``progress_lines``: print a line per finished prompt (the runner's log, followed by kit.engine.progress)."""
+        from vllm import SamplingParams
+
+        # With a seed, request i gets seed + i: its own reproducible generator (the same seed for every request
+        # would make repeated prompts draw identical samples).
+        sp = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=ignore_eos,
+                             logprobs=2 if top2 else None, seed=None if seed is None else seed + i)
+              for i in range(len(prompts))]
+        before = self.counters()
+        t0 = time.monotonic()
+        outs = self.llm.generate(prompts, sp, use_tqdm=generation_bar if progress_lines else False)
+        secs = time.monotonic() - t0
+        spec = self.counters() - before
+        tops = None
+        if top2:
+            tops = []
+            for o in outs:
+                rows = []
+                for tok, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs or []):
+                    ranked = sorted(lp.values(), key=lambda x: -x.logprob)
+                    rows.append([float(tok), ranked[0].logprob, ranked[1].logprob if len(ranked) > 1 else float("-inf")])
+                tops.append(rows)
+        return GenerationResult(
+            token_ids=[list(o.outputs[0].token_ids) for o in outs],
+            texts=[o.outputs[0].text for o in outs],
+            prompt_token_ids=[list(o.prompt_token_ids) for o in outs],
+            spec=spec, seconds=secs, top2=tops, topology=self.topology.describe())
+
+    def inspect(self) -> list[dict]:
+        """Per-rank placement, gathered from each live worker."""
+        return self.llm.collective_rpc("kit_placement")
+
+    def close(self) -> None:
+        if self.llm is not None:
+            try:
+                self.llm.llm_engine.engine_core.shutdown()
+            except Exception:
+                pass
+            self.llm = None

