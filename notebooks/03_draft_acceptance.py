@@ -36,6 +36,7 @@ kit.lab.notebook.setup()
 # %%
 import time
 from kit import engine
+from kit.bench.payoff import expected_tokens
 from kit.lab import plots
 from kit.checks.compare import load_prompts
 from kit.core.topology import Topology
@@ -108,8 +109,8 @@ a = cond[(PP_SIZES[0], KS[0])][0]
 measured = {pp: {k: results[(pp, k)].spec.mean_acceptance_length for k in KS} for pp in PP_SIZES}
 plots.acceptance_length_vs_k(measured, a, KS, title=f"{MODEL}: tokens per target forward vs k").show()
 for k in KS:
-    print(f"k={k}: measured {measured[PP_SIZES[0]][k]:.2f}, curve {plots.expected_length(a, k):.2f}, "
-          f"from this k's conditional rates {plots.expected_length(cond[(PP_SIZES[0], k)], k):.2f}")
+    print(f"k={k}: measured {measured[PP_SIZES[0]][k]:.2f}, curve {expected_tokens(a, k):.2f}, "
+          f"from this k's conditional rates {expected_tokens(cond[(PP_SIZES[0], k)], k):.2f}")
 
 # %% [markdown]
 # **Try it (no engine starts):** move k and *a*; the first line uses the conditional rates measured at the largest k,
@@ -120,8 +121,8 @@ import ipywidgets as W
 c_meas = cond[(PP_SIZES[0], KS[-1])]
 def expected_tokens(k=len(c_meas), a=round(a, 2)):
     print(f"k={k}: measured conditional rates {[round(x, 2) for x in c_meas[:k]]} -> "
-          f"{plots.expected_length(c_meas, k):.2f} tokens per round")
-    print(f"k={k}: one rate a={a:.2f} for every position      -> {plots.expected_length(a, k):.2f} tokens per round")
+          f"{expected_tokens(c_meas, k):.2f} tokens per round")
+    print(f"k={k}: one rate a={a:.2f} for every position      -> {expected_tokens(a, k):.2f} tokens per round")
 W.interact(expected_tokens, k=W.IntSlider(value=len(c_meas), min=1, max=len(c_meas)),
            a=W.FloatSlider(value=round(a, 2), min=0.0, max=0.99, step=0.01));
 
@@ -137,8 +138,8 @@ W.interact(expected_tokens, k=W.IntSlider(value=len(c_meas), min=1, max=len(c_me
 
 # %%
 from kit.lab.notebook import claim
-claim(abs(plots.expected_length(0.8, 4) - 3.3616) < 1e-9 and abs(plots.expected_length(0.8, 40) - 5.0) < 1e-3,
-      f"a=0.8: {plots.expected_length(0.8, 4):.2f} tokens at k=4, {plots.expected_length(0.8, 40):.3f} at k=40, "
+claim(abs(expected_tokens(0.8, 4) - 3.3616) < 1e-9 and abs(expected_tokens(0.8, 40) - 5.0) < 1e-3,
+      f"a=0.8: {expected_tokens(0.8, 4):.2f} tokens at k=4, {expected_tokens(0.8, 40):.3f} at k=40, "
       "tending to 1/(1-a) = 5")
 
 # %%

@@ -1,6 +1,7 @@
 """The arithmetic the notebooks draw from (no engine): acceptance rates and Eagle3 layer names per PP rank."""
 import pytest
 
+from kit.bench.payoff import expected_tokens
 from kit.checks.placement import eagle3_layer_names
 from kit.lab import plots
 
@@ -8,11 +9,11 @@ from kit.lab import plots
 def test_conditional_rates_and_expected_length():
     assert plots.conditional_rates([8, 4, 1], 10) == [0.8, 0.5, 0.25]
     assert plots.conditional_rates([0, 0], 0) == [0.0, 0.0]
-    assert plots.expected_length([0.8, 0.5, 0.25], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
+    assert expected_tokens([0.8, 0.5, 0.25], 3) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
     # With one rate: the geometric sum (1 - a^(k+1)) / (1 - a)
     for a in (0.3, 0.8):
         for k in range(5):
-            assert plots.expected_length(a, k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
+            assert expected_tokens(a, k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))
 
 
 def test_eagle3_names_per_rank_follow_vllms_split():

@@ -325,11 +325,11 @@ def test_accepted_counts_follow_the_scheduler():
                                finished_req_ids=set())
 
     runner = SimpleNamespace(requests={r: SimpleNamespace(num_computed_tokens=10) for r in "abcd"})
-    prev = {"a": 2, "b": 2, "c": 3}  # drafts each request carried in its previous step; d had none
+    prev = {"a": [7, 8], "b": [7, 8], "c": [7, 8, 9]}  # drafts each request carried in its previous step; d none
     # a: 2 of 2 accepted (10 -> 13), b: none accepted (10 -> 11), c: 1 of 3 (10 -> 12), d: a plain step (10 -> 11)
     counts = accepted_counts(runner, sched({"a": 13, "b": 11, "c": 12, "d": 11}, spec={"a": [5, 6]}), prev)
     assert counts == {"a": 3, "b": 1, "c": 2, "d": 1}
-    assert prev == {"a": 2}  # this step's drafts, for the next step
+    assert prev == {"a": [5, 6]}  # this step's drafts, for the next step
     # A resumed request is re-added by vLLM (count 1 from add_request): left alone; a prefill chunk counts 1.
     runner.requests["a"].num_computed_tokens = 13
     assert accepted_counts(runner, sched({"a": 16}, resumed=["a"]), prev) == {}

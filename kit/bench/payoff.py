@@ -26,11 +26,19 @@ import statistics
 from dataclasses import asdict, dataclass
 
 
-def expected_tokens(a: float, k: int) -> float:
-    """Tokens per target forward per request: ``1 + a + ... + a^k`` (i.i.d. acceptance a per draft position)."""
-    if not 0.0 <= a <= 1.0:
-        raise ValueError(f"acceptance rate must be in [0, 1], got {a}")
-    return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+def expected_tokens(a: "float | list[float]", k: int) -> float:
+    """Tokens per target forward (verify round) per request with k drafts: ``1 + sum_i prod_{j<=i} a_j``. For one
+    i.i.d. rate a per draft position this is ``1 + a + ... + a^k`` = ``(1 - a^(k+1)) / (1 - a)``; with a list of
+    per-position conditional rates, each position uses its own."""
+    rates = [a] * k if isinstance(a, (int, float)) else list(a)[:k]
+    for r in rates:
+        if not 0.0 <= r <= 1.0:
+            raise ValueError(f"acceptance rate must be in [0, 1], got {r}")
+    total, p = 1.0, 1.0
+    for r in rates:
+        p *= r
+        total += p
+    return total
 
 
 def acceptance_for_length(length: float, k: int) -> float:

@@ -71,7 +71,7 @@ def runner_info(device: str) -> dict:
     """The model runner vLLM 0.32 uses on ``device`` with this environment (the ``auto`` of
     :class:`~kit.core.topology.Topology`), and why: ``VLLM_USE_V2_MODEL_RUNNER`` when set, else V1 without Triton
     (the CPU build), else V2 (vLLM falls back to V1 only for a config V2 lacks; it logs which)."""
-    from kit.core.topology import RUNNER_ENV
+    from kit.core.topology import RUNNER_ENV, default_runner
 
     env = os.environ.get(RUNNER_ENV)
     try:
@@ -84,9 +84,9 @@ def runner_info(device: str) -> dict:
             why += ", which vLLM refuses here: Model Runner V2 requires Triton" if int(env) and not HAS_TRITON else ""
         except ValueError:
             default, why = None, f"{RUNNER_ENV}={env!r} is not an integer: vLLM fails on it"
-    elif not HAS_TRITON:
-        default, why = "v1", "no Triton (vLLM's CPU build): Model Runner V2 requires it"
     else:
-        default, why = "v2", "Triton present: vLLM's default, V1 only for what V2 does not support"
+        default = default_runner(device, HAS_TRITON)
+        why = ("Triton present: vLLM's default, V1 only for what V2 does not support" if HAS_TRITON else
+               "no Triton (vLLM's CPU build): Model Runner V2 requires it")
     return {"device": device, "default": default, "why": why, RUNNER_ENV: env,
             "patches_apply": f"runner '{default}' and 'any' (patches_by_runner; docs/patches.md)"}

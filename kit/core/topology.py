@@ -481,10 +481,14 @@ class RunnerWarning(UserWarning):
     """A topology the kit's correctness patches do not cover (:meth:`Topology.runner_note`)."""
 
 
-def default_runner(device: str) -> str:
-    """vLLM 0.32's runner for ``device`` when nothing is set: ``v1`` on CPU (its build has no Triton, which V2
-    requires), ``v2`` on CUDA (V1 only when the config uses something V2 lacks; vLLM logs which)."""
-    return "v1" if device == "cpu" else "v2"
+def default_runner(device: str, has_triton: bool | None = None) -> str:
+    """vLLM 0.32's model runner when ``VLLM_USE_V2_MODEL_RUNNER`` is not set, the one answer the kit gives (the
+    topology's ``auto`` and ``kit doctor``): Model Runner V2 requires Triton, so ``v1`` without it, else ``v2``
+    (vLLM then falls back to V1 only for a config V2 lacks, and logs which). ``has_triton`` defaults to what the
+    device's vLLM build has: none in the CPU build, Triton in the CUDA one."""
+    if has_triton is None:
+        has_triton = device != "cpu"
+    return "v2" if has_triton else "v1"
 
 
 

@@ -34,6 +34,7 @@ from kit.core.net import free_port, port_is_free
 from kit.core.topology import Topology, TopologyError
 from kit.engine.httpclient import client
 from kit.engine.launch import DEFAULT_START_TIMEOUT, check_patch_log, precheck
+from kit.engine.lifecycle import Lifecycle
 from kit.engine.procs import Abandoned, ManagedProcess, call_watched, python_cmd
 from kit.engine.result import EngineError, GenerationResult
 from kit.engine.server import Server
@@ -107,7 +108,7 @@ class Node:
 
 
 @dataclass
-class MultiNode:
+class MultiNode(Lifecycle):
     """A multi-node topology's nodes on this machine, as a context manager.
 
     ``rpc=True``: the workers get the kit's worker extension and the leader serves vLLM's ``/collective_rpc``
@@ -128,12 +129,6 @@ class MultiNode:
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="kit-nodes-", dir=cache_dir()))
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def __enter__(self) -> "MultiNode":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     @property
     def leader(self) -> Server:
         srv = self.nodes[0].server

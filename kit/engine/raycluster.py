@@ -33,6 +33,7 @@ import psutil
 
 from kit.core.net import free_ports, local_node_ip
 from kit.engine.guard import _remove_orphan_shm, _shm_entries
+from kit.engine.lifecycle import Lifecycle
 from kit.engine.procs import ManagedProcess
 
 # Node i listens on kit.core.net.local_node_ip(i) (127.0.0.(2+i)).
@@ -92,7 +93,7 @@ class RayNode:
 
 
 @dataclass
-class LocalRayCluster:
+class LocalRayCluster(Lifecycle):
     """``with LocalRayCluster(num_nodes=2, cpus_per_node=1) as c: ... c.address ...``
 
     ``node_env(i)`` returns extra environment for node ``i`` (Ray workers inherit their raylet's
@@ -118,12 +119,6 @@ class LocalRayCluster:
     started: bool = False
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def __enter__(self) -> "LocalRayCluster":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def start(self) -> "LocalRayCluster":
         if self.address is None and self.attach_env and os.environ.get("RAY_ADDRESS"):
             self.address = os.environ["RAY_ADDRESS"]

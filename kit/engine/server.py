@@ -12,6 +12,7 @@ from kit.core.net import free_port, port_is_free
 from kit.core.topology import Topology, TopologyError
 from kit.core.validate import check_seconds
 from kit.engine.httpclient import auth_headers, check_api_key, client
+from kit.engine.lifecycle import ProcessLifecycle
 from kit.engine.launch import DEFAULT_START_TIMEOUT, check_patch_log, precheck
 from kit.engine.procs import ManagedProcess, ProcessFailed, python_cmd
 from kit.engine.progress import Status
@@ -19,7 +20,7 @@ from kit.engine.result import EngineError
 from kit.patches import ENV_LOG
 
 
-class Server:
+class Server(ProcessLifecycle):
     """vLLM's OpenAI-compatible server for a topology, on loopback, as a context manager."""
 
     def __init__(self, topology: Topology, port: int | None = None, env: dict[str, str] | None = None,
@@ -116,17 +117,6 @@ class Server:
             status.close(failed=True)  # __enter__ fails, so the tree is ended here, not at interpreter exit
             self.stop()
             raise
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc = None
-
-    def __enter__(self) -> "Server":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def post(self, path: str, body: dict, headers: dict | None = None, timeout: float = 120.0) -> dict:
         """POST a JSON body and return the JSON answer (``httpx.HTTPStatusError`` on an HTTP error)."""

@@ -1,6 +1,8 @@
 """Plotly figures the notebooks show. Each takes plain data (lists/dicts) and returns a figure."""
 from __future__ import annotations
 
+from kit.bench.payoff import expected_tokens
+
 
 def placement_lanes(ranks: list[dict], num_layers: int, title: str = "What each PP rank holds"):
     """Ranks as horizontal lanes: decoder layers as boxes, plus embedding, LM head and drafter."""
@@ -106,17 +108,6 @@ def conditional_rates(per_position: list[int], num_drafts: int) -> list[float]:
     return out
 
 
-def expected_length(a: float | list[float], k: int) -> float:
-    """Expected tokens per verify round with k drafts: 1 + sum_i prod_{j<=i} a_j. For one rate a this is
-    (1 - a^(k+1)) / (1 - a); with a list of per-position conditional rates, each position uses its own."""
-    rates = [a] * k if isinstance(a, (int, float)) else list(a)[:k]
-    total, p = 1.0, 1.0
-    for r in rates:
-        p *= r
-        total += p
-    return total
-
-
 def acceptance_panels(rates: dict[tuple[int, int], list[float]], ks: list[int], pps: list[int],
                       title: str = "Acceptance per draft position, one panel per k"):
     """``rates[(pp, k)]``: per-position values. One panel per k; the first PP size as bars, the others as
@@ -149,7 +140,7 @@ def acceptance_length_vs_k(measured: dict[int, dict[int, float]], a: float, ks: 
     import plotly.graph_objects as go
 
     kk = list(range(0, max(ks) + 1))
-    fig = go.Figure(go.Scatter(x=kk, y=[expected_length(a, k) for k in kk], mode="lines",
+    fig = go.Figure(go.Scatter(x=kk, y=[expected_tokens(a, k) for k in kk], mode="lines",
                                name=f"(1 - a^(k+1)) / (1 - a), a = {a:.2f}", line=dict(dash="dash", color="#555")))
     for i, (pp, by_k) in enumerate(measured.items()):
         fig.add_trace(go.Scatter(x=list(by_k), y=list(by_k.values()), mode="markers+lines", name=f"measured, PP={pp}",

@@ -32,7 +32,7 @@ import functools
 import inspect
 
 from kit.patches import Kind, Patch, Proc, Runner, install
-from kit.patches.pp_spec_token_history import _step_probe  # the same wrapped function, the same no-op path
+from kit.patches.pp_spec_token_history import _step_probe, remember_drafts  # _step_probe: the same wrapped function
 
 NAME = "pp_spec_hybrid_accepted_count"
 
@@ -53,15 +53,12 @@ def accepted_counts(runner, scheduler_output, drafts_prev: dict) -> dict[str, in
     counts: dict[str, int] = {}
     for i, req_id in enumerate(req_data.req_ids):
         state = runner.requests.get(req_id)
-        k = drafts_prev.pop(req_id, 0)
+        k = len(drafts_prev.pop(req_id, ()))
         if state is None or req_id in req_data.resumed_req_ids:
             continue  # re-added requests start again from 1 (add_request)
         advanced = req_data.num_computed_tokens[i] - state.num_computed_tokens
         counts[req_id] = min(max(advanced, 1), 1 + k) if k else 1
-    for req_id, toks in scheduler_output.scheduled_spec_decode_tokens.items():
-        drafts_prev[req_id] = len(toks)
-    for req_id in scheduler_output.finished_req_ids:
-        drafts_prev.pop(req_id, None)
+    remember_drafts(scheduler_output, drafts_prev)
     return counts
 
 

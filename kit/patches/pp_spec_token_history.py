@@ -39,6 +39,16 @@ def _needed() -> "bool | str":
     return "new_token_ids[-num_new_tokens:]" in src and "accepted" not in src.split("if not is_last_rank:", 1)[1][:1500]
 
 
+def remember_drafts(scheduler_output, drafts: dict) -> None:
+    """The draft bookkeeping both PP + speculation patches of ``_update_states`` keep: after a step, ``drafts``
+    maps each request to the drafts this step sends for verification (what the next step's count may include);
+    finished requests are dropped. The caller removes the entries it consumed first."""
+    for req_id, toks in scheduler_output.scheduled_spec_decode_tokens.items():
+        drafts[req_id] = list(toks)
+    for req_id in scheduler_output.finished_req_ids:
+        drafts.pop(req_id, None)
+
+
 def fill_history(runner, scheduler_output, drafts_sent: dict) -> int:
     """Bring non-last-rank histories up to the scheduler's count; return how many tokens were added."""
     req_data = scheduler_output.scheduled_cached_reqs
@@ -76,10 +86,7 @@ def fill_history(runner, scheduler_output, drafts_sent: dict) -> int:
         added += len(fill)
     for req_id in req_data.req_ids:
         drafts_sent.pop(req_id, None)
-    for req_id, toks in scheduler_output.scheduled_spec_decode_tokens.items():
-        drafts_sent[req_id] = list(toks)
-    for req_id in scheduler_output.finished_req_ids:
-        drafts_sent.pop(req_id, None)
+    remember_drafts(scheduler_output, drafts_sent)
     return added
 
 

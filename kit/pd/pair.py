@@ -28,6 +28,7 @@ from kit.core.net import free_port
 from kit.core.topology import Topology, omp_threads_bind
 from kit.core.validate import check_count, check_prompts, check_seconds
 from kit.engine import DEFAULT_START_TIMEOUT, EngineError, Server
+from kit.engine.lifecycle import Lifecycle
 from kit.engine.procs import Abandoned, call_watched, fatal_log_lines
 from kit.pd.client import PDError, get, model_id, post_json, stream_completion
 from kit.pd.layout import DEFAULT_KV_EXTRA_CONFIG, as_served, check_pair
@@ -80,7 +81,7 @@ class PDRequest:
 
 # -- the pair --------------------------------------------------------------------------------------
 
-class PDPair:
+class PDPair(Lifecycle):
     """A producer and a consumer vLLM server joined by a NIXL connector. Use as a context manager.
 
     ``connector=None`` picks pull or push with :func:`choose_connector`; the choice and its reason are in
@@ -125,13 +126,6 @@ class PDPair:
         self._threads: list[threading.Thread] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def __enter__(self) -> "PDPair":
-        self.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def _free_port(self) -> int:
         port = free_port()
         while port in self._ports:

@@ -34,6 +34,7 @@ import httpx
 from kit.core.net import free_port
 from kit.core.topology import TopologyError
 from kit.engine.httpclient import client
+from kit.engine.lifecycle import ProcessLifecycle
 from kit.engine.procs import ManagedProcess
 from kit.pd.client import PDError, post_json, stream_completion
 from kit.pd.pair import PDPair, PDRequest, finish_record
@@ -105,7 +106,7 @@ class _Endpoint:
     name: str = "vllm-router"
 
 
-class VllmRouter:
+class VllmRouter(ProcessLifecycle):
     """``vllm-router`` in PD mode in front of a started :class:`PDPair`; a context manager."""
 
     def __init__(self, pair: PDPair, log_path: Path | str | None = None,
@@ -153,17 +154,6 @@ class VllmRouter:
             raise
         self.start_seconds = round(time.monotonic() - t0, 2)
         return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc = None
-
-    def __enter__(self) -> "VllmRouter":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def complete(self, prompt: str, max_tokens: int = 32, stream: bool = False, index: int = 0,
                  request_id: str | None = None) -> PDRequest:
