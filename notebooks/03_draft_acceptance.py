@@ -119,11 +119,11 @@ for k in KS:
 # %%
 import ipywidgets as W
 c_meas = cond[(PP_SIZES[0], KS[-1])]
-def expected_tokens(k=len(c_meas), a=round(a, 2)):
+def tokens_per_round(k=len(c_meas), a=round(a, 2)):
     print(f"k={k}: measured conditional rates {[round(x, 2) for x in c_meas[:k]]} -> "
           f"{expected_tokens(c_meas, k):.2f} tokens per round")
     print(f"k={k}: one rate a={a:.2f} for every position      -> {expected_tokens(a, k):.2f} tokens per round")
-W.interact(expected_tokens, k=W.IntSlider(value=len(c_meas), min=1, max=len(c_meas)),
+W.interact(tokens_per_round, k=W.IntSlider(value=len(c_meas), min=1, max=len(c_meas)),
            a=W.FloatSlider(value=round(a, 2), min=0.0, max=0.99, step=0.01));
 
 # %% [markdown]
