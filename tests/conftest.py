@@ -1,4 +1,6 @@
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +12,20 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("KIT_CACHE_DIR", str(ROOT / "runs" / "cache"))
 
 MODEL = os.environ.get("KIT_TEST_MODEL", "tiny-mimo")
+
+
+@pytest.fixture
+def kit_json(tmp_path):
+    """``kit_json(*args, timeout=...)`` runs ``python -m kit ARGS --json FILE`` from the repository root and returns
+    the JSON it wrote; without one, the test fails with the end of the command's output."""
+    def run(*args: str, timeout: float = 1200) -> dict:
+        out = tmp_path / "kit.json"
+        r = subprocess.run([sys.executable, "-m", "kit", *map(str, args), "--json", str(out)], cwd=ROOT,
+                           timeout=timeout, capture_output=True, text=True)
+        assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    return run
 
 
 @pytest.fixture

@@ -131,7 +131,7 @@ def test_every_subcommand_is_reachable_as_kit_and_python_m_kit(cmd, flag):
     (["nosuch"], "invalid choice"),
     (["compare", "--bogus"], "unrecognized arguments: --bogus"),
     (["train"], "required: MODEL"),
-    (["pd", "--concurrency", "0"], "--concurrency must be >= 1"),
+    (["pd", "--concurrency", "0"], "--concurrency must be an integer >= 1"),
 ])
 def test_every_error_is_one_line_and_exit_2(args, fragment):
     p = kit(*args)

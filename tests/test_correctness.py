@@ -62,13 +62,19 @@ def _prompts():
     return load_prompts(limit=NUM_PROMPTS)
 
 
+def _pp2_without(spec: str, patch: str):
+    """The PP=1 no-spec reference and a PP=2 run with ``spec`` and every patch but ``patch`` (and the decode-side
+    rule, which refuses PP + speculation without the correctness patches)."""
+    prompts = _prompts()
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec=spec)
+    ref = reference_for(t, prompts, MAX_TOKENS)
+    return ref, engine.generate(t, prompts, max_tokens=MAX_TOKENS,
+                                env={"KIT_PATCHES": f"all,-{patch},-decode_side_pp_spec_rule"})
+
+
 @pytest.mark.slow  # the default selection asserts this break in notebook 00 ("Break it, then fix it")
 def test_without_schedule_gate_tokens_leak_between_requests(no_leftovers):
-    prompts = _prompts()
-    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")
-    ref = reference_for(t, prompts, MAX_TOKENS)
-    r = engine.generate(t, prompts, max_tokens=MAX_TOKENS,
-                        env={"KIT_PATCHES": "all,-pp_spec_schedule_gate,-decode_side_pp_spec_rule"})
+    ref, r = _pp2_without("mtp:2", "pp_spec_schedule_gate")
     div = first_divergence(ref, r)
     assert div is not None, "stock scheduling gave the reference tokens: the gate patch would do no work"
     # A leak, not a near-tie: the reference's top-1 is clearly ahead where the run diverges.
@@ -76,11 +82,7 @@ def test_without_schedule_gate_tokens_leak_between_requests(no_leftovers):
 
 
 def test_without_history_fix_accepted_drafts_corrupt_tokens(no_leftovers):
-    prompts = _prompts()
-    t = Topology(model=MODEL, random_weights=True, pp=2, spec="ngram:2")
-    ref = reference_for(t, prompts, MAX_TOKENS)
-    r = engine.generate(t, prompts, max_tokens=MAX_TOKENS,
-                        env={"KIT_PATCHES": "all,-pp_spec_token_history,-decode_side_pp_spec_rule"})
+    ref, r = _pp2_without("ngram:2", "pp_spec_token_history")
     assert r.spec.num_accepted_tokens > 0
     assert first_divergence(ref, r) is not None
 

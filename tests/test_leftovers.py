@@ -17,6 +17,7 @@ import uuid
 
 import psutil
 import pytest
+from callers import start_guarded_caller
 from conftest import MODEL, ROOT
 
 from kit.engine.procs import ManagedProcess, leftover_temp_entries, leftover_vllm_processes, vllm_temp_entries
@@ -69,14 +70,7 @@ def test_a_start_that_fails_leaves_no_temp_folder(tmp_path):
 def test_the_guard_removes_the_temp_folder_when_the_caller_dies(tmp_path, how):
     """The caller never runs its teardown; the guard (parent-death signal) ends the tree and removes the folder."""
     log = tmp_path / "tree.log"
-    caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time; sys.path.insert(0, {str(ROOT)!r})
-        from kit.engine.procs import ManagedProcess
-        p = ManagedProcess([sys.executable, "-c", {_VLLM_LIKE!r}], log_path={str(log)!r}, name="tree")
-        print(p.tmpdir, flush=True)
-        time.sleep(300)
-    """)], stdout=subprocess.PIPE, text=True)
-    folder = caller.stdout.readline().strip()
+    caller, folder = start_guarded_caller(_VLLM_LIKE, log, "tmpdir")
     _wait_for(log, "made")
     assert len(os.listdir(folder)) == 2
     caller.send_signal(how)

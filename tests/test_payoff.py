@@ -84,16 +84,21 @@ def test_fit_costs_recovers_a_known_model():
         fit_costs({1: comps[1]})
 
 
+def _ev(kind, t0, t1, tokens=None):
+    """One kit.worker.steptrace event (the fields kit.bench.payoff reads)."""
+    return {"kind": kind, "t0": t0, "t1": t1, **({"tokens": tokens} if kind == "model" else {})}
+
+
 def _events(period, fwd, draft, steps, tokens, t0=0.0, prefill=None):
     ev, t = [], t0
     if prefill:
-        ev.append(("forward", t, t + 0.05, prefill))
+        ev.append(_ev("model", t, t + 0.05, prefill))
         t += 0.06
     for _ in range(steps):
-        ev.append(("step", t, t + fwd + 0.0001, None))
-        ev.append(("forward", t, t + fwd, tokens))
+        ev.append(_ev("forward", t, t + fwd + 0.0001))
+        ev.append(_ev("model", t, t + fwd, tokens))
         if draft:
-            ev.append(("draft", t + fwd + 0.0002, t + fwd + 0.0002 + draft, None))
+            ev.append(_ev("propose", t + fwd + 0.0002, t + fwd + 0.0002 + draft))
         t += period
     return ev
 
@@ -111,11 +116,11 @@ def test_step_components_from_spans():
 
 def test_timeline_serial_and_overlapping_stages():
     # Stage 1 computes after stage 0 each step (serial), or during stage 0's next forward (overlapped).
-    s0 = {"pp_rank": 0, "is_last_rank": False, "events": [("forward", i * 0.01, i * 0.01 + 0.004, 1) for i in range(20)]}
+    s0 = {"pp_rank": 0, "is_last_rank": False, "events": [_ev("model", i * 0.01, i * 0.01 + 0.004, 1) for i in range(20)]}
     serial = {"pp_rank": 1, "is_last_rank": True,
-              "events": [("forward", i * 0.01 + 0.005, i * 0.01 + 0.009, 1) for i in range(20)]}
+              "events": [_ev("model", i * 0.01 + 0.005, i * 0.01 + 0.009, 1) for i in range(20)]}
     over = {"pp_rank": 1, "is_last_rank": True,
-            "events": [("forward", i * 0.01 + 0.002, i * 0.01 + 0.006, 1) for i in range(20)]}
+            "events": [_ev("model", i * 0.01 + 0.002, i * 0.01 + 0.006, 1) for i in range(20)]}
     assert timeline([s0, serial], 1)["forward_overlap"] == pytest.approx(0.0)
     assert timeline([s0, over], 1)["forward_overlap"] == pytest.approx(0.5)
     st = timeline([s0, serial], 1)["stages"]

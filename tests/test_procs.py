@@ -60,6 +60,7 @@ import time  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
+from callers import start_guarded_caller  # noqa: E402 (tests/callers.py)
 from conftest import ROOT  # noqa: E402
 
 # A parent that starts a grandchild in its own process group and both sleep: the shape of
@@ -72,14 +73,8 @@ _TREE = ("import subprocess, sys, time; "
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_managed_tree_dies_with_its_caller(tmp_path, how):
     log = tmp_path / "tree.log"
-    caller = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time; sys.path.insert(0, {str(ROOT)!r})
-        from kit.engine.procs import ManagedProcess
-        p = ManagedProcess([sys.executable, "-c", {_TREE!r}], log_path={str(log)!r}, name="tree")
-        print(p.pid, flush=True)
-        time.sleep(300)
-    """)], stdout=subprocess.PIPE, text=True)
-    guard_pid = int(caller.stdout.readline())
+    caller, pid = start_guarded_caller(_TREE, log, "pid")
+    guard_pid = int(pid)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and "grandchild" not in (log.read_text() if log.exists() else ""):
         time.sleep(0.2)

@@ -137,25 +137,17 @@ def test_checkpoint_layout_size_and_manifest():
 @pytest.mark.slow  # CI: tiny-mimo's parity covers the same vLLM classes and checkpoint code; 05 runs this model
 @pytest.mark.engine
 @needs_model
-def test_parity_with_vllm(tmp_path):
-    out = tmp_path / "parity.json"
-    r = subprocess.run([sys.executable, "-m", "kit", "tiny", "parity", "--model", str(MODEL_DIR),
-                        "--prompts", str(HELDOUT_PROMPTS), "--n", "2", "--max-tokens", "32", "--json", str(out)],
-                       cwd=REPO, timeout=1200, capture_output=True, text=True)
-    assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads(out.read_text())
+def test_parity_with_vllm(kit_json):
+    res = kit_json("tiny", "parity", "--model", MODEL_DIR, "--prompts", HELDOUT_PROMPTS, "--n", "2", "--max-tokens", "32")
     assert res["ok"], json.dumps(res, indent=1)[:4000]
 
 
 @pytest.mark.slow
 @needs_model
-def test_mtp_k1_acceptance_on_heldout_code(tmp_path):
-    out = tmp_path / "acc.json"
-    r = subprocess.run([sys.executable, "-m", "kit", "tiny", "acceptance", "--model", str(MODEL_DIR),
-                        "--prompts", str(HELDOUT_PROMPTS), "--k", "1", "--max-tokens", "64", "--json", str(out)],
-                       cwd=REPO, timeout=1800, capture_output=True, text=True)
-    assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
-    run = json.loads(out.read_text())["runs"][0]["sets"]["pycode-heldout"]
+def test_mtp_k1_acceptance_on_heldout_code(kit_json):
+    res = kit_json("tiny", "acceptance", "--model", MODEL_DIR, "--prompts", HELDOUT_PROMPTS, "--k", "1",
+                   "--max-tokens", "64", timeout=1800)
+    run = res["runs"][0]["sets"]["pycode-heldout"]
     assert run["drafts"] > 0 and run["outputs_equal_torch_greedy"] == f"{run['n_prompts']}/{run['n_prompts']}"
     assert run["acceptance_rate_per_pos"][0] >= 0.7, run
 

@@ -13,9 +13,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from kit.checks.compare import load_prompts  # noqa: E402
-from kit.zoo.tiny import checkpoint, config, decode  # noqa: E402
+from kit.zoo.tiny import checkpoint, config  # noqa: E402
 from kit.zoo.tiny.mimo import TinyMiMo  # noqa: E402
 from kit.zoo.tiny.tokenizer import encode_prompt  # noqa: E402
+from drafter_replay import check_replay_matches_training  # noqa: E402 (tests/drafter_replay.py)
 
 MODEL_DIR = REPO / "data" / "models" / "tiny-mimo"
 
@@ -117,26 +118,16 @@ def test_quick_training_is_deterministic(tmp_path):
 
 @pytest.mark.engine
 @needs_model
-def test_parity_with_vllm(tmp_path):
-    out = tmp_path / "parity.json"
-    r = subprocess.run([sys.executable, "-m", "kit", "tiny", "parity", "--model", str(MODEL_DIR),
-                        "--n", "4", "--max-tokens", "32", "--json", str(out)],
-                       cwd=REPO, timeout=1200, capture_output=True, text=True)
-    assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads(out.read_text())
+def test_parity_with_vllm(kit_json):
+    res = kit_json("tiny", "parity", "--model", MODEL_DIR, "--n", "4", "--max-tokens", "32")
     assert res["ok"], json.dumps(res, indent=1)[:4000]
 
 
 @pytest.mark.slow  # CI: the trained MTP cells of tests/test_correctness.py assert first-position acceptance >= 0.5
 @pytest.mark.engine
 @needs_model
-def test_mtp_k1_acceptance_on_default_prompts(tmp_path):
-    out = tmp_path / "acc.json"
-    r = subprocess.run([sys.executable, "-m", "kit", "tiny", "acceptance", "--model", str(MODEL_DIR),
-                        "--k", "1", "--max-tokens", "64", "--json", str(out)],
-                       cwd=REPO, timeout=1200, capture_output=True, text=True)
-    assert out.exists(), r.stdout[-3000:] + r.stderr[-3000:]
-    run = json.loads(out.read_text())["runs"][0]["sets"]["default"]
+def test_mtp_k1_acceptance_on_default_prompts(kit_json):
+    run = kit_json("tiny", "acceptance", "--model", MODEL_DIR, "--k", "1", "--max-tokens", "64")["runs"][0]["sets"]["default"]
     assert run["drafts"] > 0
     assert run["acceptance_rate_per_pos"][0] >= 0.5, run
 
@@ -156,25 +147,4 @@ def test_incremental_drafter_matches_training_chain():
             if p.ndim == 1:
                 p.add_(0.1 * torch.randn(p.shape))
     model.eval()
-    seq = torch.randint(3, 64, (1, 24))
-    T = seq.shape[1] - 3
-    pos = torch.arange(T)
-    with torch.no_grad():
-        h = model.hidden(seq[:, :T], pos)
-        kv: list = []
-        m = model.mtp_hidden(h, seq[:, 1:T + 1], pos, kv_out=kv)
-        layer = model.model.mtp_layers[0]
-        m2 = layer.mtp_forward_chain(model.model.embed_tokens(seq[:, 2:T + 2]), pos + 1, m, *kv[0])
-    for p in (0, 5, T - 1):
-        j = p + 1
-        s = seq[0].tolist()
-        d, hs = decode.draft_tokens(model, s, j, 1, return_hidden=True)
-        assert torch.allclose(hs[0][0, 0], m[0, p], atol=1e-5)
-        s[j + 1] = d[0]  # make the first draft "correct" so the chain sees the true next token
-        d, hs = decode.draft_tokens(model, s, j, 2, return_hidden=True)
-        with torch.no_grad():
-            h2 = model.hidden(torch.tensor([s[:T]]), pos)
-            kv2: list = []
-            mm = model.mtp_hidden(h2, torch.tensor([s[1:T + 1]]), pos, kv_out=kv2)
-            mm2 = layer.mtp_forward_chain(model.model.embed_tokens(torch.tensor([s[2:T + 2]])), pos + 1, mm, *kv2[0])
-        assert torch.allclose(hs[1][0, 0], mm2[0, p], atol=1e-5)
+    check_replay_matches_training(model, model.model.mtp_layers[0], torch.randint(3, 64, (1, 24)), (0, 5, 20), 1e-5)

@@ -16,11 +16,12 @@ if str(REPO) not in sys.path:
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers.models.qwen3_5")
 
-from kit.zoo.tiny import checkpoint, decode, trainers  # noqa: E402
+from kit.zoo.tiny import checkpoint, trainers  # noqa: E402
 from kit.zoo.tiny.config import Qwen35Config  # noqa: E402
 from kit.zoo.tiny.layers import DecoderLayer  # noqa: E402
 from kit.zoo.tiny.qwen3_5 import TinyQwen3_5  # noqa: E402
 from kit.zoo.tiny.train import compute_losses  # noqa: E402
+from drafter_replay import check_replay_matches_training  # noqa: E402 (tests/drafter_replay.py)
 
 ZOO = REPO / "data" / "models" / "tiny-qwen3_5"
 TRAINED = trainers.TINY_QWEN_DIR
@@ -80,22 +81,7 @@ def test_incremental_drafter_matches_training_chain():
     """vLLM's draft loop replayed step by step equals the batched training computation (first pass and chain)."""
     m = _model(3, jitter=0.05)
     seq = torch.randint(3, 2048, (1, 20), generator=torch.Generator().manual_seed(1))
-    T = seq.shape[1] - 3
-    pos = torch.arange(T)
-    with torch.no_grad():
-        h = m.hidden(seq[:, :T], pos)
-        kv: list = []
-        mh = m.mtp_hidden(h, seq[:, 1:T + 1], pos, kv_out=kv)
-    for p in (0, 6, T - 1):
-        s = seq[0].tolist()
-        d, hs = decode.draft_tokens(m, s, p + 1, 1, return_hidden=True)
-        assert torch.allclose(hs[0][0, 0], mh[0, p], atol=1e-4)
-        s[p + 2] = d[0]
-        d, hs = decode.draft_tokens(m, s, p + 1, 2, return_hidden=True)
-        with torch.no_grad():
-            m2s = m.mtp_layer.mtp_forward_chain(m.model.embed_tokens(torch.tensor([s[2:T + 2]])), pos + 1, mh,
-                                                *kv[0])
-        assert torch.allclose(hs[1][0, 0], m2s[0, p], atol=1e-4)
+    check_replay_matches_training(m, m.mtp_layer, seq, (0, 6, 16), 1e-4)
 
 
 def test_training_losses_run_on_the_model():

@@ -33,13 +33,19 @@ from kit.core.flags import (
     add_output_flags,
     add_prompt_flags,
     add_runner_flag,
-    check_max_tokens,
     parse_assignments,
     read_prompts,
 )
-from kit.core.results import block_key, check_writable, command_line, machine, versions, write_block
+from kit.core.results import (
+    block_key,
+    check_writable,
+    command_line,
+    machine,
+    versions,
+    write_block,
+)
 from kit.core.topology import Topology, TopologyError
-from kit.core.validate import arg_count
+from kit.core.validate import arg_count, check_counts, check_max_tokens
 from kit.engine import SEPARATE_ENGINE_CORE_ENV
 from kit.engine import run as run_engine
 from kit.engine.procs import leftover_vllm_processes
@@ -61,10 +67,10 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
     """One fresh engine, each batch size in turn: the prompts submitted ``batch`` at a time (one ``generate``
     call per group, the next after the previous finished), decode tokens/s over all groups.
 
-    ``timing``: the workers record their step spans during each batch size's groups
-    (:func:`kit.worker.ext.kit_timing_start`), reduced to per-step components (:func:`kit.bench.payoff.step_components`).
-    ``trace``: every step on every rank is traced during each batch size's groups (:mod:`kit.worker.steptrace`); the row
-    gets the run's :func:`kit.worker.steptrace.summary` under ``timeline`` and the merged events under ``trace_events``.
+    ``timing`` and ``trace`` both trace every step on every rank during each batch size's groups
+    (:mod:`kit.worker.steptrace`, the kit's one step timer). ``timing``: the row gets the per-step components
+    (:func:`kit.bench.payoff.step_components`) under ``components``. ``trace``: the row gets the run's
+    :func:`kit.worker.steptrace.summary` under ``timeline`` and the merged events under ``trace_events``.
     ``token_ids``: each row also carries the generated token ids per prompt (in prompt order) and the draft
     counters, the clock-free part of the run. Returns ``{batch: row}``.
     """
@@ -73,16 +79,13 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
 
     batches = batches or [len(prompts)]
     jobs: list[dict] = [{"kind": "generate", "prompts": prompts[:1], "max_tokens": 1}]
+    traced = timing or trace
     for b in batches:
-        if timing:
-            jobs.append({"kind": "rpc", "method": "kit_timing_start"})
-        if trace:
+        if traced:
             jobs.append({"kind": "rpc", "method": "kit_trace_start"})
         jobs += [{"kind": "generate", "prompts": g, "max_tokens": max_tokens} for g in _groups(prompts, b)]
-        if trace:
+        if traced:
             jobs.append({"kind": "rpc", "method": "kit_trace_read"})
-        if timing:
-            jobs.append({"kind": "rpc", "method": "kit_timing_read"})
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load = round(os.getloadavg()[0], 2)  # the shared machine's 1-minute load as this engine starts
     # vLLM's default process layout (a separate engine core), as a deployment runs it: kit.engine's in-process
@@ -93,13 +96,10 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
     k = topo.spec.k if topo.spec else 0
     rows = {}
     for b in batches:
-        if timing:
-            out_jobs.pop(0)  # kit_timing_start's answer
-        if trace:
+        if traced:
             out_jobs.pop(0)  # kit_trace_start's answer
         groups = [out_jobs.pop(0) for _ in _groups(prompts, b)]
-        events = steptrace.merge(out_jobs.pop(0)) if trace else None
-        reads = out_jobs.pop(0) if timing else None
+        reads = out_jobs.pop(0) if traced else None
         n = sum(len(t) for g in groups for t in g["token_ids"])
         drafts = sum(g["spec"]["num_drafts"] for g in groups)
         acc = sum(g["spec"]["num_accepted_tokens"] for g in groups)
@@ -114,12 +114,13 @@ def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: di
             "mean_accept_len": 1 + acc / drafts if drafts else None,
             "tokens_per_target_forward": n / max(1, n - acc),
             "peak_rss_mib": {kk: round(v / 2**20) for kk, v in res["peak_rss"].items()},
-            "components": step_components(reads, k, b) if reads else None,
+            "components": step_components(reads, k, b) if timing else None,
         }
         if token_ids:
             rows[b]["token_ids"] = [t for g in groups for t in g["token_ids"]]
             rows[b]["num_drafts"], rows[b]["num_accepted_tokens"] = drafts, acc
         if trace:
+            events = steptrace.merge(reads)
             rows[b]["timeline"] = steptrace.summary(events)
             rows[b]["trace_events"] = events
     return rows
@@ -209,13 +210,6 @@ def patch_overhead_table(topo: Topology, prompts: list[str], max_tokens: int, re
     if out is not None:
         out.extend(lines)
     return 0
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise TopologyError(f"{flag} wants comma-separated integers, got {text!r}") from None
 
 
 def _refuse_if_busy(force: bool) -> None:
@@ -308,17 +302,15 @@ def run(args: argparse.Namespace) -> int:
                                   args.max_tokens, args.repeats, extra_env, out=out)
         write()
         return rc
-    batches = _ints(args.batch, "--batch") if args.batch else None
-    if batches and any(b < 1 for b in batches):
-        raise TopologyError(f"--batch sizes must be >= 1, got {args.batch!r}")
+    batches = check_counts(args.batch, "--batch") if args.batch else None
     timing = args.breakdown
     cases = []
-    for pp in ([] if args.only_extras or args.from_runs else _ints(args.pp, "--pp")):
+    for pp in ([] if args.only_extras or args.from_runs else check_counts(args.pp, "--pp")):
         for spec in args.spec.split(","):
             cases.append((f"pp{pp} {spec}", Topology(**common, pp=pp, spec=None if spec == "none" else spec,
                                                      enforce_eager=not args.compiled), None))
     if args.patch_cost and not args.from_runs:
-        for pp in _ints(args.patch_cost_pp, "--patch-cost-pp"):
+        for pp in check_counts(args.patch_cost_pp, "--patch-cost-pp"):
             t = Topology(**common, pp=pp, enforce_eager=not args.compiled)
             cases.append((f"pp{pp} none [patches on]", t, {"KIT_PATCHES": "all"}))
             # Stock vLLM cannot run eager PP=2 at all (intermediate buffers): keep that one fix.

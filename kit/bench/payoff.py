@@ -14,8 +14,8 @@ request when each draft position is accepted with probability a (given the ones 
 
 and speculation loses below the acceptance rate a* where ``E(a*, k) = T(k) / T(0)``.
 
-The parts come from the engine's own per-rank spans (:func:`kit.worker.ext.kit_timing_read`: the worker's step,
-the target forward with its token count, the wait for the previous stage, the drafter's proposal) recorded during a
+The parts come from the engine's own per-rank spans (:mod:`kit.worker.steptrace`, the kit's one step timer: the
+target forward with its token count, the wait for the previous stage, the drafter's proposal) recorded during a
 ``kit bench --breakdown`` run: :func:`step_components` reduces one run's spans to per-step means, :func:`fit_costs`
 fits the model to the rows of one (model, PP, batch) group and :func:`predict` sets predicted against measured
 speed-ups. Pure functions: nothing here starts an engine or imports vLLM.
@@ -144,34 +144,37 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs) if xs else 0.0
 
 
-def step_components(ranks: list[dict], k: int, batch: int) -> dict:
-    """Per decode step means from one run's :func:`kit.worker.ext.kit_timing_read` results (one per rank).
+def _decode_model(e: dict, limit: int) -> bool:
+    """A target forward of a decode step: at most ``batch * (k + 1)`` tokens (more is a prefill chunk)."""
+    return e["kind"] == "model" and e.get("tokens") is not None and e["tokens"] <= limit
 
-    A decode step is a target forward over at most ``batch * (k + 1)`` tokens (more is a prefill). Returns
-    ``forward_s`` (summed over the stages), ``forward_per_stage_s``, ``recv_s`` (later stages waiting for the
-    previous one), ``draft_s`` (the last rank's proposals after decode forwards), ``period_s`` (mean time from one
-    decode forward's start to the next on the last rank, over consecutive decode steps of a request), ``fixed_s``
-    (period minus forward and draft), ``steps`` and ``timeline`` (:func:`timeline`).
+
+def step_components(ranks: list[dict], k: int, batch: int) -> dict:
+    """Per decode step means from one run's :func:`kit.worker.steptrace.read` results (one per rank).
+
+    A decode step is a target forward (a ``model`` span) over at most ``batch * (k + 1)`` tokens (more is a
+    prefill). Returns ``forward_s`` (summed over the stages), ``forward_per_stage_s``, ``recv_s`` (later stages
+    waiting for the previous one), ``draft_s`` (the last rank's proposals after decode forwards), ``period_s`` (mean
+    time from one decode forward's start to the next on the last rank, over consecutive decode steps of a request),
+    ``fixed_s`` (period minus forward and draft), ``steps`` and ``timeline`` (:func:`timeline`).
     """
     limit = batch * (k + 1)
     ranks = sorted(ranks, key=lambda r: r["pp_rank"])
     per_stage, recv = [], []
     for r in ranks:
-        ev = sorted(r["events"], key=lambda e: e[1])
-        per_stage.append(_mean([e[2] - e[1] for e in ev if e[0] == "forward" and e[3] is not None and e[3] <= limit]))
-        recv += [e[2] - e[1] for e in ev if e[0] == "recv"]
+        per_stage.append(_mean([e["t1"] - e["t0"] for e in r["events"] if _decode_model(e, limit)]))
+        recv += [e["t1"] - e["t0"] for e in r["events"] if e["kind"] == "recv"]
     last = next((r for r in ranks if r.get("is_last_rank")), ranks[-1])
-    ev = sorted(last["events"], key=lambda e: e[1])
-    drafts, periods, prev_fwd, steps = [], [], None, 0
-    for e in ev:
-        if e[0] == "forward":
-            decode = e[3] is not None and e[3] <= limit
+    drafts, periods, prev, steps = [], [], None, 0
+    for e in sorted(last["events"], key=lambda e: e["t0"]):
+        if e["kind"] == "model":
+            decode = _decode_model(e, limit)
             steps += decode
-            if decode and prev_fwd is not None and prev_fwd[3] is not None and prev_fwd[3] <= limit:
-                periods.append(e[1] - prev_fwd[1])
-            prev_fwd = e
-        elif e[0] == "draft" and prev_fwd is not None and prev_fwd[3] is not None and prev_fwd[3] <= limit:
-            drafts.append(e[2] - e[1])
+            if decode and prev is not None and _decode_model(prev, limit):
+                periods.append(e["t0"] - prev["t0"])
+            prev = e
+        elif e["kind"] == "propose" and prev is not None and _decode_model(prev, limit):
+            drafts.append(e["t1"] - e["t0"])
     # A request's last decode step and the next request's first are separated by its prefill, so consecutive
     # decode forwards are steps of the same requests; still drop the rare outlier (a GC pause, another process).
     if periods:
@@ -201,17 +204,17 @@ def timeline(ranks: list[dict], limit: int) -> dict:
     never overlapped, every step crossed the stages one after the other)."""
     spans, out = [], []
     for r in sorted(ranks, key=lambda r: r["pp_rank"]):
-        ev = [e for e in r["events"] if e[0] in ("forward", "draft", "recv", "step")]
-        fw = sorted((e[1], e[2]) for e in ev if e[0] == "forward" and e[3] is not None and e[3] <= limit)
+        ev = [e for e in r["events"] if e["kind"] in ("model", "propose", "recv")]
+        fw = sorted((e["t0"], e["t1"]) for e in ev if _decode_model(e, limit))
         spans.append(fw)
         if not fw:
             out.append({"pp_rank": r["pp_rank"], "busy": 0.0, "recv": 0.0, "idle": 0.0})
             continue
         t0, t1 = fw[0][0], fw[-1][1]
         window = max(t1 - t0, 1e-9)
-        inside = [e for e in ev if t0 <= e[1] <= t1]
-        busy = sum(e[2] - e[1] for e in inside if e[0] in ("forward", "draft"))
-        rcv = sum(e[2] - e[1] for e in inside if e[0] == "recv")
+        inside = [e for e in ev if t0 <= e["t0"] <= t1]
+        busy = sum(e["t1"] - e["t0"] for e in inside if e["kind"] in ("model", "propose"))
+        rcv = sum(e["t1"] - e["t0"] for e in inside if e["kind"] == "recv")
         out.append({"pp_rank": r["pp_rank"], "busy": busy / window, "recv": rcv / window,
                     "idle": max(0.0, 1 - (busy + rcv) / window)})
     overlap = None

@@ -12,11 +12,11 @@ from kit.core.flags import (
     add_output_flags,
     add_prompt_flags,
     add_runner_flag,
-    check_max_tokens,
     read_prompts,
 )
 from kit.core.prompts import DEFAULT_PROMPTS, load_prompts  # noqa: F401 - kit.checks.compare.load_prompts is public
 from kit.core.topology import Spec, Topology, TopologyError
+from kit.core.validate import check_count, check_max_tokens, check_temperature
 from kit.engine import EngineError, GenerationResult, first_divergence, generate  # noqa: F401 - kit.checks.compare.first_divergence is public
 
 
@@ -165,15 +165,10 @@ def run(args: argparse.Namespace) -> int:
 def _run_sampled(args: argparse.Namespace, topo: Topology, prompts: list[str]) -> int:
     """``kit compare --temperature T``: sampled acceptance against theory (and ``--distribution``: the output
     distribution against the plain engine's). Exit 0 when every check holds, 1 when one does not."""
-    import math
-
     from kit.checks.sampling import distribution_check, sampled_acceptance
 
-    t = args.temperature
-    if not (math.isfinite(t) and t > 0):
-        raise TopologyError(f"--temperature must be a finite number > 0 for a sampled run, got {t}")
-    if args.samples < 10:
-        raise TopologyError(f"--samples must be >= 10, got {args.samples}")
+    t = check_temperature(args.temperature, "--temperature")
+    check_count(args.samples, "--samples", minimum=10)
     try:
         acc = sampled_acceptance(topo, prompts, t, seed=args.seed, max_tokens=args.max_tokens, timeout=args.timeout)
         d = acc.to_dict()

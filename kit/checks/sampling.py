@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from kit.core.metrics import SpecCounters
 from kit.core.topology import Topology, TopologyError
+from kit.core.validate import check_count, check_temperature
 from kit.engine import GenerationResult, run
 
 # |z| above this at any position is a disagreement with theory (two-sided p ~ 6e-5 per position).
@@ -111,8 +112,7 @@ def sweep_jobs(prompts: list[str], temperatures: list[float], max_tokens: int = 
     """Runner jobs for one engine: the prompts greedy, then sampled at each temperature with the acceptance probe
     (request i seeded ``seed + i``). Read the results back with :func:`parse_sweep`."""
     for t in temperatures:
-        if not t > 0 or not math.isfinite(t):
-            raise TopologyError(f"temperature must be a finite number > 0, got {t}")
+        check_temperature(t)
     jobs = [{"kind": "generate", "prompts": list(prompts), "max_tokens": max_tokens}]
     for t in temperatures:
         jobs += [{"kind": "rpc", "method": "kit_probe_start"},
@@ -243,10 +243,9 @@ def distribution_check(topology: Topology, contexts: list[str], temperature: flo
     """Sample each context ``samples`` times (``tokens`` new tokens, every request its own seed) on the plain
     engine (PP=1, no speculation; or ``plain`` when given) and on ``topology``; test per (context, position)
     that the token distributions are the same. Returns the check and the plain run (to reuse)."""
-    if not temperature > 0 or not math.isfinite(temperature):
-        raise TopologyError(f"temperature must be a finite number > 0, got {temperature}")
-    if samples < 10 or tokens < 1:
-        raise TopologyError(f"need samples >= 10 and tokens >= 1, got {samples} and {tokens}")
+    check_temperature(temperature)
+    check_count(samples, "samples", minimum=10)
+    check_count(tokens, "tokens")
     prompts = [c for _ in range(samples) for c in contexts]
     job = {"kind": "generate", "prompts": prompts, "max_tokens": tokens, "temperature": temperature}
     if plain is None:

@@ -71,14 +71,6 @@ def add_output_flags(p: argparse.ArgumentParser, max_tokens: int = 32, timeout: 
         p.add_argument("--timeout", type=arg_seconds, default=timeout, help="seconds per engine start or run")
 
 
-def check_max_tokens(max_tokens: int, model_len: int) -> None:
-    """``--max-tokens`` within 1 .. model length - 1, else :class:`TopologyError`."""
-    if max_tokens < 1:
-        raise TopologyError(f"--max-tokens must be >= 1, got {max_tokens}")
-    if max_tokens >= model_len:
-        raise TopologyError(f"--max-tokens {max_tokens} exceeds the model length {model_len}")
-
-
 def parse_assignments(items: list[str], flag: str, json_values: bool = False) -> dict:
     """``["KEY=VALUE", ...]`` from a repeatable flag -> dict; with ``json_values`` a VALUE is read as JSON when
     it parses (``false``, ``120``), else kept as the string. :class:`TopologyError` names the bad item."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -21,8 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from kit.core.cores import core_ranges, cpu_count, omp_threads_bind  # noqa: F401 - omp_threads_bind is imported from here too
-from kit.core.models import ModelError, ModelInfo, model_requirements, random_checkpoint, resolve_model
+from kit.core.models import (
+    ModelError,
+    ModelInfo,
+    model_requirements,
+    random_checkpoint,
+    resolve_model,
+)
 from kit.core.net import local_node_ip  # noqa: F401 - kit.core.topology.local_node_ip is public
+from kit.core.validate import TopologyError, check_choice, check_count, check_positive
 
 SPEC_METHODS = ("mtp", "eagle3", "draft_model", "ngram")
 MAX_SPEC_TOKENS = 8
@@ -39,10 +45,6 @@ RUNNERS = ("auto", "v1", "v2")
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 # Boolean engine args whose False must reach the server as --no-FLAG (vLLM's default may be on).
 _NEGATED_FLAGS = ("enable_prefix_caching",)
-
-
-class TopologyError(ValueError):
-    """A topology that cannot run; raised before any process starts."""
 
 
 @dataclass(frozen=True)
@@ -124,20 +126,13 @@ class Topology:
     def validate(self) -> None:
         self._check_types()
         info = self.info
-        for name in ("pp", "tp"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise TopologyError(f"{name} must be an integer >= 1, got {v!r}")
         if self.pp > info.num_layers:
             raise TopologyError(
                 f"pp={self.pp} is larger than the model's {info.num_layers} decoder layers ({info.name}): "
                 "every pipeline stage needs at least one layer")
-        if self.device not in DEVICES:
-            raise TopologyError(f"device must be one of {DEVICES}, got {self.device!r}")
-        if self.backend not in BACKENDS:
-            raise TopologyError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.dtype not in DTYPES:
-            raise TopologyError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        check_choice(self.device, DEVICES, "device")
+        check_choice(self.backend, BACKENDS, "backend")
+        check_choice(self.dtype, DTYPES, "dtype")
         if self.device == "cpu" and self.tp > 1 and self.pp * self.tp > max(4, cpu_count()):
             raise TopologyError(f"tp*pp={self.tp * self.pp} ranks exceed what this CPU hosts ({cpu_count()} cores)")
         self._validate_nodes()
@@ -163,30 +158,21 @@ class Topology:
             raise TopologyError(f"pd_role must be one of producer, consumer or None, got {self.pd_role!r}")
         if self.pd_role is None and self.connector is not None:
             raise TopologyError("a KV connector was given without a PD role (producer or consumer)")
-        if self.pd_role is not None and self.connector not in CONNECTORS:
-            raise TopologyError(f"connector must be one of {', '.join(CONNECTORS)} for a PD role, got {self.connector!r}")
+        if self.pd_role is not None:
+            check_choice(self.connector, CONNECTORS, "connector")
         mml = self.max_model_len
         if mml is not None and (mml < 16 or mml > info.max_model_len):
             raise TopologyError(f"max_model_len={mml} outside 16..{info.max_model_len} (the model's max_position_embeddings)")
-        if self.max_num_seqs is not None and self.max_num_seqs < 1:
-            raise TopologyError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        kv = self.kv_cache_gib  # NaN compares False with everything and would pass a plain `<= 0`
-        if not isinstance(kv, (int, float)) or isinstance(kv, bool) or not math.isfinite(kv) or kv <= 0:
-            raise TopologyError(f"kv_cache_gib must be a finite number > 0 (GiB), got {kv!r}")
+        check_positive(self.kv_cache_gib, "kv_cache_gib", "a finite number > 0 (GiB)")
 
     def _check_types(self) -> None:
         """Field types first: a string or a float where an integer belongs would otherwise fail later, in a
         comparison's TypeError or inside vLLM."""
-        for name in ("pp", "tp", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("pp", "tp", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
-            if v is None and name.startswith("max_"):
-                continue
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TopologyError(f"{name} must be an integer, got {v!r}")
-        if self.seed < 0:  # numpy's generator for --random weights and vLLM's seed take none below 0
-            raise TopologyError(f"seed must be >= 0, got {self.seed}")
-        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
-            raise TopologyError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+            if v is not None or not name.startswith("max_"):
+                check_count(v, name)
+        check_count(self.seed, "seed", minimum=0)  # numpy's generator for --random weights and vLLM's seed take none below 0
         for name in ("random_weights", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise TopologyError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -203,9 +189,7 @@ class Topology:
                                     + (f"; did you mean {close[0]!r}?" if close else ""))
 
     def _validate_nodes(self) -> None:
-        n = self.nodes
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise TopologyError(f"nodes must be an integer >= 1, got {n!r}")
+        n = check_count(self.nodes, "nodes")
         if n == 1:
             return
         if self.pp % n:
@@ -216,8 +200,7 @@ class Topology:
             raise TopologyError(f"nodes={n} local CPU nodes need a core each; this machine gives {cpu_count()}")
 
     def _validate_runner(self) -> None:
-        if self.runner not in RUNNERS:
-            raise TopologyError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        check_choice(self.runner, RUNNERS, "runner")
         if self.runner == "v2" and self.device == "cpu":
             raise TopologyError("runner v2 cannot run on device cpu: vLLM 0.32's CPU build has no Triton and Model "
                                 "Runner V2 requires it (vllm/config/vllm.py); use runner auto or v1")

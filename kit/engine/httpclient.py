@@ -28,12 +28,3 @@ def client() -> httpx.Client:
 def auth_headers(api_key: str | None) -> dict[str, str]:
     """The header a server started with ``api_key`` wants on ``/v1/*`` requests ({} without a key)."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-def check_api_key(api_key: object) -> str | None:
-    """``api_key`` as given (None: no key), or ValueError: a key is a non-empty string without whitespace."""
-    if api_key is None:
-        return None
-    if not isinstance(api_key, str) or not api_key or any(c.isspace() for c in api_key):
-        raise ValueError(f"api_key must be a non-empty string without whitespace, got {type(api_key).__name__}")
-    return api_key

@@ -10,10 +10,10 @@ import httpx
 from kit.core.models import cache_dir
 from kit.core.net import free_port, port_is_free
 from kit.core.topology import Topology, TopologyError
-from kit.core.validate import check_seconds
-from kit.engine.httpclient import auth_headers, check_api_key, client
-from kit.engine.lifecycle import ProcessLifecycle
+from kit.core.validate import check_api_key, check_seconds
+from kit.engine.httpclient import auth_headers, client
 from kit.engine.launch import DEFAULT_START_TIMEOUT, check_patch_log, precheck
+from kit.engine.lifecycle import ProcessLifecycle
 from kit.engine.procs import ManagedProcess, ProcessFailed, python_cmd
 from kit.engine.progress import Status
 from kit.engine.result import EngineError
@@ -31,10 +31,7 @@ class Server(ProcessLifecycle):
         leader's ``--nnodes ...``); ``prefix``: what the command runs under (``taskset -c 0``); ``api_key``:
         the server answers ``/v1/*`` only with it (HTTP 401 otherwise); passed in the environment, not on
         the command line that ``ps`` shows."""
-        try:
-            self.api_key = check_api_key(api_key)
-        except ValueError as e:
-            raise TopologyError(str(e)) from None
+        self.api_key = check_api_key(api_key)
         self.topology = topology
         self.host = host
         self.extra_args = list(extra_args or [])

@@ -14,13 +14,12 @@ from kit.core.flags import (
     add_model_flags,
     add_output_flags,
     add_prompt_flags,
-    check_max_tokens,
     parse_assignments,
     read_prompts,
 )
 from kit.core.topology import Spec, TopologyError
+from kit.core.validate import check_api_key, check_count, check_max_tokens
 from kit.engine import EngineError
-from kit.engine.httpclient import check_api_key
 from kit.pd.client import PDError
 from kit.pd.compare import pd_compare
 from kit.pd.layout import DEFAULT_KV_EXTRA_CONFIG, check_pair, pd_topologies
@@ -64,12 +63,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        check_api_key(args.api_key)
-    except ValueError as e:
-        raise TopologyError(f"--api-key: {e}") from None
-    if args.concurrency < 1:
-        raise TopologyError(f"--concurrency must be >= 1, got {args.concurrency}")
+    check_api_key(args.api_key, "--api-key")
+    check_count(args.concurrency, "--concurrency")
     prod, cons = pd_topologies(args.model, args.producer_pp, Spec.parse(args.producer_spec), args.consumer_pp,
                                Spec.parse(args.consumer_spec), random_weights=args.random, seed=args.seed,
                                dtype=args.dtype)

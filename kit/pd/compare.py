@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from kit.core.metrics import SpecCounters
-from kit.core.topology import Topology, TopologyError
-from kit.core.validate import check_count, check_generation
+from kit.core.topology import Topology
+from kit.core.validate import check_choice, check_count, check_generation
 from kit.engine import GenerationResult, first_divergence, generate
 from kit.pd.layout import DEFAULT_KV_EXTRA_CONFIG, kv_bytes_expected
 from kit.pd.pair import PDPair
@@ -57,8 +57,7 @@ def pd_compare(producer: Topology, consumer: Topology, prompts: list[str], max_t
     ``api_key``: both servers answer ``/v1/*`` only with this key (vLLM's ``VLLM_API_KEY``); the routers send it.
     """
     prompts = check_generation(prompts, max_tokens, timeout)
-    if router not in ROUTERS:  # before the reference engine starts
-        raise TopologyError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+    check_choice(router, ROUTERS, "router")  # before the reference engine starts
     check_count(concurrency, "concurrency")
     # Built first: PDPair checks the pair (models, PP sizes, decode-side rule) before any process starts.
     pair = PDPair(producer, consumer, connector=connector, start_timeout=timeout, log_dir=log_dir, env=env,

@@ -33,6 +33,7 @@ import httpx
 
 from kit.core.net import free_port
 from kit.core.topology import TopologyError
+from kit.core.validate import check_choice
 from kit.engine.httpclient import client
 from kit.engine.lifecycle import ProcessLifecycle
 from kit.engine.procs import ManagedProcess
@@ -52,8 +53,7 @@ def choose_router(router: str, connector: str, producer_pp: int) -> tuple[str, s
     with ``transfer_mode: push``) from a fixed set of keys and drops ``pp_size``: the consumer then takes the
     producer for PP=1 (``docs/findings.md#vllm-router-in-front-of-nixl-pairs``).
     """
-    if router not in ROUTERS:
-        raise TopologyError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+    check_choice(router, ROUTERS, "router")
     if router == "vllm-router" and connector == "nixl-push" and producer_pp > 1:
         raise TopologyError(
             f"vllm-router cannot route this push pair (producer PP={producer_pp}): vllm-router 0.1.17 drops the "

@@ -175,7 +175,8 @@ class KitWorkerExtension:
         return {"pp_rank": get_pp_group().rank_in_group, **_DRAFTER_CALLS}
 
     def kit_trace_start(self) -> dict:
-        """Record each engine step on this rank from now on (:mod:`kit.worker.steptrace`): forward, sample, MTP propose."""
+        """Record each engine step on this rank from now on (:mod:`kit.worker.steptrace`): forward, model, recv, sample,
+        MTP propose, handoff; the one timer behind ``kit bench --breakdown`` and ``--timeline``."""
         from kit.worker import steptrace
 
         return steptrace.start(self)
@@ -200,104 +201,3 @@ class KitWorkerExtension:
         from kit.worker import acceptance_probe
 
         return {"pp_rank": get_pp_group().rank_in_group, **acceptance_probe.read()}
-
-
-# -- step timers (kit.bench.payoff): where a decode step's time goes, per rank ------------------------------
-
-_TIMING: dict = {"events": [], "on": False}
-_MAX_EVENTS = 50000
-
-
-def _timed(kind: str, fn, ntok=None):
-    """``fn`` wrapped to append ``(kind, t0, t1, tokens)`` (CLOCK_MONOTONIC, shared by the processes of one host)
-    to this process's event list while timing is on."""
-    import functools
-    import time
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        if not _TIMING["on"]:
-            return fn(*args, **kwargs)
-        t0 = time.monotonic()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            ev = _TIMING["events"]
-            if len(ev) < _MAX_EVENTS:
-                ev.append((kind, t0, time.monotonic(), ntok(args, kwargs) if ntok else None))
-
-    wrapper.__kit_timed__ = True
-    return wrapper
-
-
-def _forward_tokens(args, kwargs) -> int | None:
-    ids = kwargs.get("input_ids", args[0] if args else None)
-    pos = kwargs.get("positions", args[1] if len(args) > 1 else None)
-    t = ids if ids is not None else pos
-    try:
-        return int(t.shape[-1])
-    except Exception:
-        return None
-
-
-def _model_forward_waiting_first(fn):
-    """The runner's ``_model_forward`` with a PP stage's receive of the previous stage's activations done (and
-    timed as ``recv``) before the forward's own timer starts, so ``forward`` is this stage's compute alone."""
-    import functools
-    import time
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        it = kwargs.get("intermediate_tensors", args[2] if len(args) > 2 else None)
-        if _TIMING["on"] and it is not None and hasattr(it, "wait_for_comm"):
-            t0 = time.monotonic()
-            it.wait_for_comm()
-            if len(_TIMING["events"]) < _MAX_EVENTS:
-                _TIMING["events"].append(("recv", t0, time.monotonic(), None))
-        return fn(*args, **kwargs)
-
-    return wrapper
-
-
-def _timing_start(worker) -> dict:
-    from vllm.distributed.parallel_state import get_pp_group
-
-    runner = worker.model_runner
-    if not getattr(runner, "_kit_timed", False):
-        # Instance attributes: they shadow the class methods (and whatever the kit's patches put there).
-        worker.execute_model = _timed("step", worker.execute_model)
-        worker.sample_tokens = _timed("sample", worker.sample_tokens)
-        runner._model_forward = _model_forward_waiting_first(_timed("forward", runner._model_forward, _forward_tokens))
-        if hasattr(runner, "propose_draft_token_ids"):
-            runner.propose_draft_token_ids = _timed("draft", runner.propose_draft_token_ids)
-        runner._kit_timed = True
-    _TIMING["events"] = []
-    _TIMING["on"] = True
-    return {"pp_rank": get_pp_group().rank_in_group, "timing": True}
-
-
-def _timing_read(worker) -> dict:
-    from vllm.distributed.parallel_state import get_pp_group
-
-    _TIMING["on"] = False
-    ev = _TIMING["events"]
-    _TIMING["events"] = []
-    return {"pp_rank": get_pp_group().rank_in_group, "pp_size": get_pp_group().world_size,
-            "is_last_rank": get_pp_group().is_last_rank, "events": ev, "truncated": len(ev) >= _MAX_EVENTS}
-
-
-def kit_timing_start(self) -> dict:
-    """Start recording this rank's step, forward, receive, sample and draft spans (:mod:`kit.bench.payoff`); resets."""
-    return _timing_start(self)
-
-
-def kit_timing_read(self) -> dict:
-    """Stop recording and return this rank's spans since :func:`kit_timing_start`: ``events`` is a list of
-    ``(kind, t0, t1, tokens)`` with kind ``step`` (the worker's execute_model), ``sample``, ``forward`` (the
-    target model's forward, tokens = tokens in the batch), ``recv`` (waiting for the previous stage) or ``draft``
-    (the drafter's proposal for the whole batch)."""
-    return _timing_read(self)
-
-
-KitWorkerExtension.kit_timing_start = kit_timing_start
-KitWorkerExtension.kit_timing_read = kit_timing_read

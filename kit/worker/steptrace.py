@@ -1,4 +1,5 @@
-"""Timestamps of each engine step inside every PP worker: forward, sample, MTP propose, per request.
+"""The kit's one step timer: timestamps of each engine step inside every PP worker (forward, model, recv, sample,
+MTP propose, handoff), per request.
 
 :class:`kit.worker.ext.KitWorkerExtension` turns it on (``kit_trace_start``) and reads it back
 (``kit_trace_read``) with ``LLM.collective_rpc``. It wraps methods on this worker's *instance* (the
@@ -14,7 +15,11 @@ classes stay untouched, so other engines in the process and the kit's patches ar
 - ``model_runner.propose_draft_token_ids``: a ``propose`` event (the drafter's forward), with the
   requests it drafted for;
 - ``worker.take_draft_token_ids``: a ``handoff`` event when the engine core collects the drafts for its
-  scheduler (``EngineCore.post_step`` under sync scheduling).
+  scheduler (``EngineCore.post_step`` under sync scheduling);
+- ``model_runner._model_forward``: a ``model`` event, the target model's forward alone with its token count, after
+  a ``recv`` event on non-first ranks (the wait for the previous stage's activations, done first so that ``model``
+  is this stage's compute). :mod:`kit.bench.payoff` reduces these to the step costs of ``kit bench --breakdown``;
+  :func:`summary` reads the rest for ``kit bench --timeline``.
 
 Times are ``time.monotonic()``: one clock for every process on the host, so ranks line up.
 """
@@ -44,6 +49,34 @@ def _scheduled(runner, so) -> tuple[dict, dict]:
             if state is not None and rid not in cached.resumed_req_ids:
                 gap[rid] = int(cached.num_computed_tokens[i] - state.num_tokens)
     return reqs, gap
+
+
+def _forward_tokens(args, kwargs) -> int | None:
+    """Tokens in a ``_model_forward`` call (its ``input_ids``, or ``positions`` when the model takes embeddings)."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    pos = kwargs.get("positions", args[1] if len(args) > 1 else None)
+    t = ids if ids is not None else pos
+    try:
+        return int(t.shape[-1])
+    except Exception:
+        return None
+
+
+def _span(obj, name: str, kind: str, fields) -> None:
+    """Wrap ``obj.name`` (an instance attribute: the class stays untouched) to record a ``kind`` event around each
+    call, with ``fields(args, kwargs, result)``; no event when that returns None."""
+    orig = getattr(obj, name)
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        t0 = time.monotonic()
+        out = orig(*args, **kwargs)
+        extra = fields(args, kwargs, out)
+        if extra is not None:
+            _record(kind, t0, time.monotonic(), step=_STATE["step"], **extra)
+        return out
+
+    setattr(obj, name, wrapper)
 
 
 def start(worker) -> dict:
@@ -88,47 +121,44 @@ def start(worker) -> dict:
 
     runner.execute_model = runner_execute_model
 
-    orig_sample = worker.sample_tokens
+    def sampled(args, kwargs, out) -> dict | None:
+        tokens = getattr(out, "sampled_token_ids", None)
+        if not (_STATE["last"] and tokens):
+            return None
+        return {"accepted": {rid: len(t) - 1 for rid, t in zip(out.req_ids, tokens) if len(t)}}
 
-    @functools.wraps(orig_sample)
-    def sample_tokens(*args, **kwargs):
-        t0 = time.monotonic()
-        out = orig_sample(*args, **kwargs)
-        sampled = getattr(out, "sampled_token_ids", None)
-        if _STATE["last"] and sampled:
-            accepted = {rid: len(s) - 1 for rid, s in zip(out.req_ids, sampled) if len(s)}
-            _record("sample", t0, time.monotonic(), step=_STATE["step"], accepted=accepted)
-        return out
-
-    worker.sample_tokens = sample_tokens
-
-    orig_take = worker.take_draft_token_ids
-
-    @functools.wraps(orig_take)
-    def take_draft_token_ids(*args, **kwargs):
+    def handed_off(args, kwargs, out) -> dict | None:
         # The engine core's post_step asks for the drafts (sync scheduling); this call queues behind the step's
         # sample, so its start is when the engine core asked and its end when the drafts left for the scheduler.
-        t0 = time.monotonic()
-        out = orig_take(*args, **kwargs)
-        if out is not None and getattr(out, "req_ids", None):
-            _record("handoff", t0, time.monotonic(), step=_STATE["step"], reqs=list(out.req_ids))
-        return out
+        return {"reqs": list(out.req_ids)} if out is not None and getattr(out, "req_ids", None) else None
 
-    worker.take_draft_token_ids = take_draft_token_ids
+    def proposed(args, kwargs, out) -> dict:
+        so = kwargs.get("scheduler_output", args[0] if args else None)
+        k = int(out.shape[-1]) if hasattr(out, "shape") and len(out.shape) == 2 else None
+        return {"reqs": list(so.num_scheduled_tokens), "k": k}
 
+    _span(worker, "sample_tokens", "sample", sampled)
+    _span(worker, "take_draft_token_ids", "handoff", handed_off)
     if hasattr(runner, "propose_draft_token_ids"):
-        orig_propose = runner.propose_draft_token_ids
+        _span(runner, "propose_draft_token_ids", "propose", proposed)
 
-        @functools.wraps(orig_propose)
-        def propose_draft_token_ids(scheduler_output, *args, **kwargs):
+    orig_model_forward = runner._model_forward
+
+    @functools.wraps(orig_model_forward)
+    def model_forward(*args, **kwargs):
+        it = kwargs.get("intermediate_tensors", args[2] if len(args) > 2 else None)
+        wait = getattr(it, "wait_for_comm", None)
+        if wait is not None:
             t0 = time.monotonic()
-            drafts = orig_propose(scheduler_output, *args, **kwargs)
-            k = int(drafts.shape[-1]) if hasattr(drafts, "shape") and len(drafts.shape) == 2 else None
-            _record("propose", t0, time.monotonic(), step=_STATE["step"],
-                    reqs=list(scheduler_output.num_scheduled_tokens), k=k)
-            return drafts
+            wait()
+            _record("recv", t0, time.monotonic(), step=_STATE["step"])
+        t0 = time.monotonic()
+        try:
+            return orig_model_forward(*args, **kwargs)
+        finally:
+            _record("model", t0, time.monotonic(), step=_STATE["step"], tokens=_forward_tokens(args, kwargs))
 
-        runner.propose_draft_token_ids = propose_draft_token_ids
+    runner._model_forward = model_forward
     return {"pp_rank": _STATE["rank"], "tracing": True}
 
 
@@ -167,7 +197,7 @@ def steps(events: list[dict]) -> dict[int, dict]:
         s = by.setdefault(e["step"], {"forward": {}, "sample": None, "propose": None, "handoff": None})
         if e["kind"] == "forward":
             s["forward"][e["rank"]] = e
-        else:
+        elif e["kind"] in s:  # the per-stage model/recv spans are kit.bench.payoff's
             s[e["kind"]] = e
     return by
 
