@@ -767,3 +767,56 @@ def test_gdn_spec_conv_matches_the_no_spec_kernel(patched):
         assert not same   # other arithmetic: the torch fallback rounds differently
         return
     assert same and torch.equal(buf[2, :, : width - 1], ns_state[2])
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_gdn_one_token_prefill_reaches_the_conv_kernel(patched):
+    """cpu_gdn_one_token_batch: vLLM 0.32's CPU GDN prefill hands the conv kernel ``mixed_qkv`` (a view of the fused
+    qkvz projection) transposed; with one token ``.contiguous()`` copies nothing and the kernel refuses the stride.
+    Patched, the kernel gets a copy in its layout and computes what it computes for a two-token step's first token."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    from kit.patches import cpu_gdn_one_token_batch as m
+
+    torch.manual_seed(0)
+    dim, z, width = 64, 32, 4
+    w = (torch.randn(dim, width) * 0.5).bfloat16()
+    fwd = inspect.unwrap(ops.causal_conv1d_fwd_cpu)   # vLLM's own, also if an earlier test applied the patches
+    if patched:
+        fwd = m._wrap(fwd)
+
+    def prefill(tokens: int):
+        qkvz = torch.randn(tokens, dim + z, generator=torch.Generator().manual_seed(1)).bfloat16()
+        mixed_qkv = qkvz.split([dim, z], dim=-1)[0].contiguous()     # as forward_cpu and the no-spec path make it
+        state = torch.zeros(2, dim, width - 1).bfloat16()
+        return fwd(mixed_qkv.transpose(0, 1), w, None, state, torch.tensor([0, tokens], dtype=torch.int32),
+                   torch.tensor([1], dtype=torch.int32), torch.tensor([False]), True, False)
+
+    two = prefill(2)      # two tokens: .contiguous() copied, the kernel accepts it either way
+    if not patched:
+        with pytest.raises(RuntimeError, match="expect x to be transposed"):
+            prefill(1)
+        return
+    assert torch.equal(prefill(1)[:, 0], two[:, 0])   # the same first token: the conv is causal
+
+
+def _padded(x, running):
+    if x == 1 and (running or x > 0):
+        return "padded"
+    return "plain"
+
+
+def test_rewrite_changes_one_condition_and_keeps_the_source_location():
+    """spec_no_pad_fresh_prompt compiles vLLM's Scheduler.schedule again with one condition narrowed: the helper
+    refuses text that is missing or not unique (a vLLM whose source moved fails closed), and the new function
+    keeps the original's file and line numbers for tracebacks."""
+    from kit.patches.spec_no_pad_fresh_prompt import FIXED, STOCK, _needed, rewrite
+
+    new = rewrite(_padded, "(running or x > 0)", "x > 1")
+    assert (_padded(1, True), new(1, True)) == ("padded", "plain")
+    assert new.__code__.co_filename == _padded.__code__.co_filename
+    assert new.__code__.co_firstlineno == _padded.__code__.co_firstlineno and new.__wrapped__ is _padded
+    with pytest.raises(RuntimeError, match="found it 0 times"):
+        rewrite(_padded, "no such text", "x")
+    assert _needed() is True and STOCK != FIXED   # this vLLM has the padding condition the patch narrows

@@ -167,3 +167,43 @@ def test_random_weights_spec_matches_no_spec_off_and_on(patched, no_leftovers):
         assert div is None, div
     else:
         assert div is not None and div["reference_margin"] is not None and div["reference_margin"] < 0.05, div
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_one_token_prompt_alone_off_and_on(patched, no_leftovers):
+    """cpu_gdn_one_token_batch: a one-token prompt alone in a step (here: the only prompt of a fresh PP=1 engine, no
+    speculation) killed vLLM 0.32's CPU GDN prefill ('expect x to be transposed'). Patched it runs, and its tokens
+    are the ones the same prompt gets batched behind longer prompts (a step of several tokens, which never failed)."""
+    t = Topology(model="tiny-qwen3_5", random_weights=True)
+    if not patched:
+        with pytest.raises(engine.EngineError, match="expect x to be transposed"):
+            engine.generate(t, ["x"], max_tokens=8, env={"KIT_PATCHES": "all,-cpu_gdn_one_token_batch"})
+        return
+    res = engine.run(t, [{"kind": "generate", "prompts": ["x"], "max_tokens": 8},
+                         {"kind": "generate", "prompts": load_prompts(limit=2) + ["x"], "max_tokens": 8}], timeout=900)
+    alone, batched = res["jobs"]
+    assert len(alone["token_ids"][0]) == 8
+    assert alone["token_ids"][0] == batched["token_ids"][-1]
+
+
+# A one-token prompt ("Q") that waits for a free slot (max_num_seqs=3) and joins requests that are verifying drafts.
+JOINING = ["The history of the printing press begins", "x y z w",
+           "Once upon a time in a small village by the sea, there lived an old fisherman who", "Hi there you",
+           "def fibonacci(n):\n    ", "Q", "The capital of France is", "a b"]
+
+
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_one_token_prompt_joining_spec_decodes_off_and_on(patched, no_leftovers):
+    """spec_no_pad_fresh_prompt: vLLM 0.32's scheduler padded the fresh one-token prompt into a speculative row
+    (1 + k tokens, placeholder drafts) because other requests were running, and the Gated-DeltaNet speculative path
+    continued from its state slot's previous owner: a wrong token, not a tie. Patched, identical to the PP=1 no-spec
+    engine."""
+    t = Topology(model="tiny-qwen3_5-trained", spec="mtp:2", max_num_seqs=3)
+    ref = reference_for(t, JOINING, 24)
+    env = None if patched else {"KIT_PATCHES": "all,-spec_no_pad_fresh_prompt"}
+    div = first_divergence(ref, engine.generate(t, JOINING, max_tokens=24, env=env))
+    if patched:
+        assert div is None, div
+    else:
+        assert div is not None and div["prompt_index"] == JOINING.index("Q"), div
+        assert div["reference_margin"] > 0.5, div   # far from a tie: the reference's top-1 was clearly ahead

@@ -54,6 +54,7 @@ INDEX: tuple[str, ...] = (
     "cpu_seeded_generator_rewind",
     "cpu_gdn_spec_conv_window",
     "cpu_gdn_spec_cpp_conv",
+    "cpu_gdn_one_token_batch",
     "qwen_vl_no_torchvision",
     "pp_kv_layout_intersect",
     "pp_batch_order_agree",
@@ -64,6 +65,8 @@ INDEX: tuple[str, ...] = (
     "tcp_store_bind_host",
     "cpu_ray_executor",
     "ray_store_bind_host",
+    # correctness of speculation (before pp_spec_schedule_gate: it replaces the function the gate wraps)
+    "spec_no_pad_fresh_prompt",
     # correctness of PP + speculation (V1 runner, sync scheduling)
     "pp_spec_schedule_gate",
     "pp_spec_token_history",
