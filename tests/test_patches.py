@@ -127,11 +127,12 @@ def _fake(name, needed=lambda: True, apply=lambda: None, processes=(patches.Proc
                          removal="r", tests=(), apply=apply, needed=needed)
 
 
-def test_a_module_missing_from_disk_is_reported_not_raised(isolated, tmp_path):
+def test_a_module_missing_from_disk_is_recorded_and_stops_the_process(isolated, tmp_path):
     isolated.setattr(patches, "INDEX", patches.INDEX + ("no_such_patch",))
     isolated.setenv("KIT_PATCHES", "no_such_patch")
     isolated.setenv("KIT_PATCH_LOG", str(tmp_path / "log.jsonl"))
-    patches.load_plugin()   # what vLLM calls in every process: must not raise
+    with pytest.raises(patches.PatchFailedError, match="patch no_such_patch did not apply .*refusing to run"):
+        patches.load_plugin()   # what vLLM calls in every process: fails closed, after recording it
     assert "no_such_patch" not in patches.registry()
     assert patches.errors()["no_such_patch"].startswith("import: ModuleNotFoundError")
     assert "FAILED" in next(r for r in patches.report() if r["name"] == "no_such_patch")["status"]
@@ -161,7 +162,10 @@ def test_a_raising_needed_or_apply_is_reported_and_undone(isolated, tmp_path):
         "good", apply=lambda: patches.install(Target, "g", "good", lambda orig: lambda self: "good")))
     isolated.setenv("KIT_PATCHES", "bad_needed,half,good")
     isolated.setenv("KIT_PATCH_LOG", str(tmp_path / "log.jsonl"))
-    patches.load_plugin()
+    with pytest.raises(patches.PatchFailedError) as failed:
+        patches.load_plugin()
+    assert "bad_needed did not apply" in str(failed.value) and "half did not apply" in str(failed.value)
+    assert len(str(failed.value).splitlines()) == 1
     errs = patches.errors()
     assert errs["bad_needed"] == "needed(): RuntimeError: detection exploded"
     assert errs["half"] == "apply(): RuntimeError: second symbol missing"
@@ -820,3 +824,13 @@ def test_rewrite_changes_one_condition_and_keeps_the_source_location():
     with pytest.raises(RuntimeError, match="found it 0 times"):
         rewrite(_padded, "no such text", "x")
     assert _needed() is True and STOCK != FIXED   # this vLLM has the padding condition the patch narrows
+
+
+def test_a_selection_that_starts_with_an_exclusion_means_all_but_it():
+    """KIT_PATCHES=-name reads as "every patch but name" (it used to select nothing, silently)."""
+    every = patches.selected_names("all")
+    assert patches.selected_names("-pp_spec_schedule_gate") == [n for n in every if n != "pp_spec_schedule_gate"]
+    assert patches.selected_names("-pp_spec_schedule_gate,-pp_spec_token_history") == patches.selected_names(
+        "all,-pp_spec_schedule_gate,-pp_spec_token_history")
+    assert patches.selected_names("pp_spec_schedule_gate") == ["pp_spec_schedule_gate"]
+    assert patches.selected_names("none") == []

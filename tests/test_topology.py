@@ -77,6 +77,7 @@ def test_cpu_env_binds_one_core_group_per_rank():
     env = Topology(model=MODEL, random_weights=True, pp=2, kv_cache_gib=1).env()
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert env["VLLM_CPU_OMP_THREADS_BIND"].count("|") == 1
+    assert env["VLLM_NO_USAGE_STATS"] == env["DO_NOT_TRACK"] == "1"   # no usage reports from the kit's processes
 
 
 def test_random_checkpoint_is_seeded_and_normal_scale(tmp_path, monkeypatch):

@@ -382,7 +382,9 @@ class Topology:
     def env(self) -> dict[str, str]:
         """Environment for every vLLM process of this topology."""
         env = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn", "TOKENIZERS_PARALLELISM": "false",
-               "NO_COLOR": "1", "VLLM_LOGGING_COLOR": "0"}  # plain logs: root causes are parsed from them
+               "NO_COLOR": "1", "VLLM_LOGGING_COLOR": "0",  # plain logs: root causes are parsed from them
+               # no usage reports from anything the kit starts (vLLM's own switch and the common one it reads)
+               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = _fmt_num(self.kv_cache_gib)
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(self.pp * self.tp)

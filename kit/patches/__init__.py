@@ -3,7 +3,8 @@
 vLLM calls :func:`load_plugin` (entry point ``vllm.general_plugins``) once in each of its processes: the
 front end, the engine core, each PP worker. Each patch is applied only in the processes that run the code it
 fixes (:class:`Proc`); ``KIT_PATCHES`` selects: ``all`` (default), ``none``, a comma list of names, or
-``all,-name`` to leave some out (the notebooks use that to show what breaks). ``docs/patches.md`` is
+``all,-name`` to leave some out (the notebooks use that to show what breaks); a list that starts with ``-name``
+means the same as ``all,-name`` (what a reader takes it to mean; it used to select nothing). ``docs/patches.md`` is
 generated from this registry (``kit patch-docs``); a test fails when it is out of date.
 
 Adding a patch (one module file + one registry entry):
@@ -17,12 +18,12 @@ Adding a patch (one module file + one registry entry):
 3. Tests off and on (name them in ``tests=``), then ``kit patch-docs`` to rewrite
    ``docs/patches.md``.
 
-Failures never kill a vLLM process here: a patch whose module does not import, whose ``needed()`` or whose
-``apply()`` raises is logged (one warning line), recorded in this process (``kit doctor``) and in the
-``KIT_PATCH_LOG`` JSON line; the kit's engine launcher reads that line and fails the run (a correctness patch
-that silently failed would give wrong tokens). Two things stay hard errors, raised in every process: a vLLM
-version the patches were not written for, and a ``KIT_PATCHES`` name that does not exist (both are checked by
-the kit before it starts any process).
+Fail closed: a selected patch whose module does not import, whose ``needed()`` or whose ``apply()`` raises is
+recorded in this process (``kit doctor``) and in the ``KIT_PATCH_LOG`` JSON line, and then :func:`load_plugin`
+raises :class:`PatchFailedError` with one line naming the patches, so the vLLM process does not start (a plain
+``vllm serve`` or ``LLM(...)`` that loaded the plugin too: a correctness patch that silently failed would give wrong
+tokens). ``KIT_PATCHES=none`` runs stock vLLM. The kit checks a vLLM version the patches were not written for and a
+``KIT_PATCHES`` name that does not exist before it starts any process; inside vLLM both are raised too.
 """
 from __future__ import annotations
 
@@ -92,6 +93,10 @@ INDEX: tuple[str, ...] = (
 
 class UnsupportedVllmError(RuntimeError):
     """The installed vLLM is not a version the patches were written and tested against."""
+
+
+class PatchFailedError(RuntimeError):
+    """A selected patch did not apply in this vLLM process; the process must not run without it."""
 
 
 class Runner(str, Enum):
@@ -242,7 +247,10 @@ def selected_names(spec: str | None = None) -> list[str]:
     known = set(INDEX)
     defaults = [n for n in INDEX if not ((reg[n].teaching_only or reg[n].opt_in) if n in reg else False)]
     chosen: list[str] = []
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    if items and items[0].startswith("-"):  # "-name" reads as "all but name"
+        items.insert(0, "all")
+    for item in items:
         if item == "all":
             chosen += [n for n in defaults if n not in chosen]
             continue
@@ -366,6 +374,11 @@ def load_plugin() -> None:
     if applied:
         log.info("ppmtp-kit patches applied in pid %d (%s) in %.2f s: %s", os.getpid(),
                  ",".join(sorted(k.value for k in kinds)), secs, ", ".join(applied))
+    failed = errors()
+    if failed:
+        raise PatchFailedError(
+            "ppmtp-kit: patch " + "; patch ".join(f"{n} did not apply ({m})" for n, m in failed.items())
+            + f" in pid {os.getpid()}; refusing to run without it ({ENV_SELECT}=all,-NAME runs without it knowingly)")
 
 
 def failures_in_log(path: str | os.PathLike) -> list[str]:

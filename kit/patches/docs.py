@@ -51,13 +51,14 @@ for comparison).
 
 ## When a patch fails
 
-A patch whose module does not import, or whose `needed()` or `apply()` raises, never kills the vLLM process:
-it is logged (one warning line, `ppmtp-kit patch NAME failed (...)`), the replacements it made are undone, it
-is recorded in the process (`kit doctor` shows `FAILED: ...`), and, with `{ENV_LOG}=FILE`, in that process's
-JSON line (`errors`). Because a correctness patch that silently failed would give wrong tokens, the kit's engine
-launcher always sets `{ENV_LOG}` and fails the run (an `EngineError` naming the patch, the process and the
-error) when any process recorded a failure. A plain `vllm serve` with the kit installed shows the warning
-line in its log and keeps serving.
+A patch whose module does not import, or whose `needed()` or `apply()` raises, stops the vLLM process (fail
+closed): it is logged (one warning line, `ppmtp-kit patch NAME failed (...)`), the replacements it made are
+undone, it is recorded in the process (`kit doctor` shows `FAILED: ...`) and, with `{ENV_LOG}=FILE`, in that
+process's JSON line (`errors`); then the plugin raises `PatchFailedError` with one line naming the patch, so the
+process does not start. A correctness patch that silently failed would give wrong tokens, so this holds for a
+plain `vllm serve` or `LLM(...)` that loaded the kit's plugin too; the kit's engine launcher also reads the JSON
+lines and fails the run with an `EngineError` naming the patch, the process and the error. `KIT_PATCHES=none`
+runs stock vLLM; `KIT_PATCHES=all,-NAME` (or `-NAME`) runs without one patch knowingly.
 
 The JSON line (one per process that loaded the plugin) carries `pid`, `ppid`, `title`, `mp_name`, `caller`
 (the process kind and why), `processes`, `applied`, `errors` and `seconds` (the plugin's own load time).
