@@ -24,6 +24,8 @@ def _check(cell):
     assert d["identical"], f"{cell.id}: first divergence {d['first_divergence']}"
     assert d["num_prompts"] >= 8 and d["num_tokens"] >= 8 * MAX_TOKENS
     acc = d["acceptance"]
+    if cell.spec == "none":   # a traffic cell without drafts: the tokens are the claim
+        return c
     assert acc["num_drafts"] > 0, "no drafts: the spec path was not exercised"
     if not cell.random and cell.spec.startswith("mtp"):
         # The trained drafter's first draft is accepted more often than not (about 0.67 measured).

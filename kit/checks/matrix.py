@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 
 from kit.checks.compare import Comparison, compare, load_prompts
 from kit.core.flags import add_command
+from kit.core.models import PROMPTS_DIR
 from kit.core.results import block_key, check_writable, command_line, write_block
 from kit.core.topology import Topology, TopologyError
 from kit.engine import GenerationResult, generate
@@ -32,6 +33,8 @@ class Cell:
     # PP of the no-spec reference. 1 everywhere, except where PP itself changes greedy tokens at near-ties
     # (random DeepSeek MLA weights): a second cell against the same-PP, no-spec engine isolates speculation.
     ref_pp: int = 1
+    # The prompt file under data/prompts/ ("joining": one- to few-token prompts that join running requests).
+    prompts: str = "default"
 
     @property
     def id(self) -> str:
@@ -43,7 +46,14 @@ class Cell:
             s += f"-seqs{self.max_num_seqs}"
         if self.ref_pp != 1:
             s += f"-vs-pp{self.ref_pp}-nospec"
+        if self.prompts != "default":
+            s += f"-{self.prompts}"
         return s
+
+    def prompt_list(self) -> list[str]:
+        """The cell's prompts: the first :data:`NUM_PROMPTS` of ``data/prompts/<prompts>.jsonl``."""
+        return load_prompts(None if self.prompts == "default" else PROMPTS_DIR / f"{self.prompts}.jsonl",
+                            limit=NUM_PROMPTS)
 
     def topology(self) -> Topology:
         return Topology(model=self.model, random_weights=self.random, pp=self.pp, spec=self.spec,
@@ -105,6 +115,17 @@ for k in (1, 2, 3):
 for k in (1, 2, 3):
     for pp in (1, 2, 4):
         CELLS.append(Cell("mimo-py-18m", False, pp, f"mtp:{k}"))
+# Traffic the repository's prompts never send (data/prompts/joining.jsonl): one- and few-token prompts that wait for
+# a free slot (max_num_seqs=3) and join requests that are decoding or verifying drafts. A one-token step was fatal on
+# Qwen3.5 (patch cpu_gdn_one_token_batch) and a one-token prompt joining drafts got a speculative row with another
+# request's state (patch spec_no_pad_fresh_prompt). Random weights without drafts are compared with the same PP's
+# no-spec engine: PP alone flips an exact tie of the PP=1 reference there (docs/findings.md).
+for model, random in (("tiny-qwen3_5-trained", False), ("tiny-qwen3_5", True)):
+    for pp in (1, 2, 4):
+        for spec in ("none", "mtp:2"):
+            fast = (not random and pp == 1 and spec == "mtp:2") or (random and pp == 2 and spec == "none")
+            CELLS.append(Cell(model, random, pp, spec, max_num_seqs=3, prompts="joining", fast=fast,
+                              ref_pp=pp if random and spec == "none" else 1))
 
 
 _REFS: dict[tuple, GenerationResult] = {}
@@ -120,7 +141,7 @@ def reference_for(topology: Topology, prompts: list[str], max_tokens: int, ref_p
 
 
 def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS) -> Comparison:
-    prompts = prompts or load_prompts(limit=NUM_PROMPTS)
+    prompts = prompts or cell.prompt_list()
     ref = reference_for(cell.topology(), prompts, max_tokens, ref_pp=cell.ref_pp)
     return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref)
 
