@@ -58,3 +58,17 @@ def test_engine_failure_surfaces_with_root_cause_fast(no_leftovers):
     assert "has no attribute 'drafter'" in str(e.value)
     # A worker's death ends the run when it happens, not at the deadline (whose error says "(deadline)").
     assert "(deadline)" not in str(e.value), str(e.value)
+
+
+def test_a_run_that_succeeded_leaves_no_run_folder(tmp_path, monkeypatch, no_leftovers):
+    """kit.engine.run removes its kit-run-* folder (request, result, engine log) when the run succeeded, unless
+    KIT_KEEP_RUNS=1; the random checkpoint it wrote stays (a cache, reused by the next run)."""
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    t = Topology(model=MODEL, random_weights=True)
+    r = engine.run(t, [{"kind": "generate", "prompts": PROMPTS[:1], "max_tokens": 2}])
+    assert r["ok"] and r["log"] is None
+    assert sorted(p.name for p in tmp_path.glob("kit-run-*")) == []
+    monkeypatch.setenv("KIT_KEEP_RUNS", "1")
+    r = engine.run(t, [{"kind": "generate", "prompts": PROMPTS[:1], "max_tokens": 2}])
+    kept = list(tmp_path.glob("kit-run-*"))
+    assert len(kept) == 1 and (kept[0] / "engine.log").exists() and r["log"] == str(kept[0] / "engine.log")

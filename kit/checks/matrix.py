@@ -126,6 +126,14 @@ for model, random in (("tiny-qwen3_5-trained", False), ("tiny-qwen3_5", True)):
             fast = (not random and pp == 1 and spec == "mtp:2") or (random and pp == 2 and spec == "none")
             CELLS.append(Cell(model, random, pp, spec, max_num_seqs=3, prompts="joining", fast=fast,
                               ref_pp=pp if random and spec == "none" else 1))
+# The same traffic for the other families (trained weights where the zoo has them, so that drafts are accepted).
+for pp in (1, 2, 4):
+    CELLS.append(Cell("tiny-mimo", False, pp, "mtp:2", max_num_seqs=3, prompts="joining"))
+    CELLS.append(Cell("tiny-mimo", True, pp, "ngram:2", max_num_seqs=3, prompts="joining"))
+for pp in (1, 2):
+    CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, "mtp:2", max_num_seqs=3, prompts="joining"))
+CELLS.append(Cell("tiny-glm4-moe", True, 2, "mtp:2", max_num_seqs=3, prompts="joining"))
+CELLS.append(Cell("tiny-llama-swa", True, 2, "eagle3:2", max_num_seqs=3, prompts="joining"))
 
 
 _REFS: dict[tuple, GenerationResult] = {}

@@ -7,6 +7,8 @@ starts. Notebooks and the CLI use this.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +20,8 @@ from kit.engine.procs import ManagedProcess, ProcessFailed, python_cmd, root_cau
 from kit.engine.progress import Status
 from kit.engine.result import EngineError, GenerationResult
 from kit.patches import ENV_LOG
+
+ENV_KEEP_RUNS = "KIT_KEEP_RUNS"  # "1": keep every run folder (prompts, result, logs) under the cache, for debugging
 
 DEFAULT_START_TIMEOUT = 600.0
 # The runner holds vLLM's engine core in its own process (vLLM's in-process client,
@@ -57,7 +61,9 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
     """Run ``jobs`` (``{"kind": "generate", ...}`` / ``{"kind": "inspect"}``) on a fresh engine in a subprocess.
 
     Raises :class:`EngineError` with the root-cause log lines if the engine fails, a vLLM child
-    dies, or ``timeout`` seconds pass. The whole process tree is gone when this returns.
+    dies, or ``timeout`` seconds pass. The whole process tree is gone when this returns, and so is the run's
+    folder under the kit's cache (``kit-run-*``: request, result, engine log) unless the run failed (its error names
+    the log) or ``KIT_KEEP_RUNS=1``.
     ``check=False`` skips :func:`precheck` (to watch vLLM itself refuse, as the patch-necessity tests do).
     While it runs, one status line shows the phase and elapsed seconds (:mod:`kit.engine.progress`; ``quiet=True``
     or ``KIT_QUIET=1`` turns it off).
@@ -126,6 +132,10 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
         cause = root_cause(log_path)
         raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
                           f"{log_path}:\n    " + "\n    ".join(cause))
+    # A run that succeeded leaves nothing behind; a failed one keeps its folder, which its error names.
+    if os.environ.get(ENV_KEEP_RUNS) != "1":
+        shutil.rmtree(work, ignore_errors=True)
+        result["log"] = str(log_path) if log_path.parent != work else None
     return result
 
 
