@@ -192,7 +192,9 @@ if HYBRID_PP:
 # With `NODES = 2` one more engine runs the `TRACE_PP` topology as a two-node deployment on this machine, through
 # vLLM's own multi-node launch (`kit.engine.multinode`, about 45 s on 2 cores): node 0 on 127.0.0.2 and core 0 runs the
 # API server, the engine core and the first stage's worker; node 1 on 127.0.0.3 and core 1 is a headless follower
-# with the other stage's worker. Its workers are read the same way as above, through the leader (vLLM's
+# with the other stage's worker. Both nodes run in a network namespace the run makes for itself (where the kit can:
+# root, as in CI), so none of their sockets is reachable from outside the run; the kit talks to the leader through a
+# Unix socket, with the server's API key. Its workers are read the same way as above, through the leader (vLLM's
 # `/collective_rpc`), and each also reports where it runs: its `VLLM_HOST_IP`, its cores, and its process, found in
 # one node's process tree.
 #

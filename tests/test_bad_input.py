@@ -159,3 +159,15 @@ def test_decode_side_pp_spec_without_the_fix(no_leftovers):
 
 def test_eagle3_draft_model_missing(no_leftovers):
     _refused(lambda: Topology(model=MODEL, random_weights=True, spec="eagle3:1"), "eagle3 needs a draft model")
+
+
+def test_a_cache_folder_that_is_a_file_gets_one_line(tmp_path, monkeypatch, capsys):
+    """``KIT_CACHE_DIR`` naming a file: one line and exit 2, not a traceback."""
+    from kit.cli.main import main
+
+    f = tmp_path / "a-file"
+    f.write_text("")
+    monkeypatch.setenv("KIT_CACHE_DIR", str(f))
+    assert main(["compare", "--random"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a folder the kit can write" in err[0], err

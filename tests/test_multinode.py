@@ -234,6 +234,36 @@ def test_two_nodes_pp2_mtp2_tokens_acceptance_patches_sockets_and_node_death(tmp
         assert all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in n.tree())
 
 
+@pytest.mark.engine
+def test_two_node_mp_run_in_a_private_network(tmp_path, no_leftovers):
+    """``kit compare --nodes 2 --backend mp`` as the kit starts it, where it can make a private network (root, as
+    CI): during the run no socket of it listens in the host's network beyond loopback (the leader serves on a Unix
+    socket; the nodes' sockets are inside the run's network namespace, on its loopback addresses); the leader
+    answers no route without its key but /health; the namespace and the socket's folder are gone afterwards."""
+    from kit import engine
+    from kit.engine import netns
+    from kit.engine.multinode import MultiNode
+
+    if netns.unavailable():
+        pytest.skip(f"no private network here: {netns.unavailable()}")
+    topo = Topology(model=MODEL, random_weights=True, pp=2, nodes=2)
+    prompts = ["def add(a, b):\n    return", "import os\n"]
+    before = {(s["ip"], s["port"]) for s in netns.host_listening()}
+    with MultiNode(topo, log_dir=tmp_path) as mn:
+        got = mn.generate(prompts, max_tokens=8)
+        host_new = [s for s in netns.host_listening() if (s["ip"], s["port"]) not in before]
+        inside = mn.listening()
+        open_routes = mn.leader.open_routes()
+        uds = mn.leader.uds
+    print(f"host network: {len(host_new)} new listeners {host_new}; private network: {inside}")
+    assert [s for s in host_new if not _loopback(s["ip"])] == [], host_new
+    assert inside and all(_loopback(s["ip"]) for s in inside), inside
+    assert {s["node"] for s in inside} == {0, 1}  # both nodes' trees were looked at, inside the network
+    assert open_routes == {("GET", "/health"): 200}
+    assert not os.path.exists(mn.network.path) and not os.path.exists(os.path.dirname(uds))
+    assert got.token_ids == engine.generate(topo.reference(), prompts, max_tokens=8).token_ids
+
+
 def test_a_taken_master_port_is_refused_before_any_node_starts(monkeypatch):
     """The master port free_port() chose is taken before the nodes start: one clear error, no process started
     (before, the leader's rendezvous failed to bind and the followers waited on someone else's port)."""
@@ -244,6 +274,7 @@ def test_a_taken_master_port_is_refused_before_any_node_starts(monkeypatch):
     def no_process(*a, **kw):
         raise AssertionError("a process was started")
 
+    monkeypatch.setenv("KIT_OPEN_NETWORK", "1")  # on the host's loopback (in a private network every port is free)
     t = Topology(model=MODEL, random_weights=True, pp=2, nodes=2)
     ip = t.node_plan(port=0, master_port=1)[0].ip
     with socket.socket() as s:

@@ -22,6 +22,7 @@ from conftest import MODEL  # noqa: E402
 from kit import engine  # noqa: E402
 from kit.core.topology import Topology  # noqa: E402
 from kit.engine.multinode import MultiNode  # noqa: E402
+from kit.engine.netns import host_listening  # noqa: E402
 from kit.engine.raycluster import LocalRayCluster  # noqa: E402
 from kit.patches import ENV_LOG  # noqa: E402
 
@@ -46,15 +47,11 @@ def _loopback(ip: str) -> bool:
 
 # Ray 2.60's own servers on every interface: the GCS, each raylet (node manager and object manager), each dashboard
 # agent's gRPC, the core worker inside every Ray worker and driver (the engine core), and the dashboard head's metrics
-# endpoint (port 44227), whatever node address they are given, unless it is exactly 127.0.0.1 (which `ray start`
-# replaces by the machine's outward address for a cluster of several nodes). Ray offers no bind-address setting for
-# them (see docs/ray.md).
+# endpoint, whatever node address they are given, unless it is exactly 127.0.0.1 (which `ray start` replaces by the
+# machine's outward address for a cluster of several nodes). Ray offers no bind-address setting for them
+# (docs/ray.md); the kit runs the nodes in a private network (kit.engine.netns), where "every interface" is its
+# loopback only.
 RAY_GRPC_PROCESSES = ("gcs_server", "raylet", "ray::DashboardAgent")
-RAY_WILDCARD = ("Ray 2.60 binds its gRPC servers (GCS, raylets, dashboard agents, core workers of the Ray workers and "
-                "of the driver) and the dashboard head's metrics endpoint to every interface unless the node address "
-                "is 127.0.0.1; no Ray setting changes it "
-                "(docs/ray.md#listening-sockets-during-a-ray-run)")
-_SEEN: dict = {}
 
 
 def _rays_own(s: dict) -> bool:
@@ -77,22 +74,34 @@ def test_pp2_mtp2_on_ray_executor_two_nodes(tmp_path, no_leftovers):
     of the cluster, no /dev/shm entry (``no_leftovers``) and no Ray temp dir."""
     log = tmp_path / "plugin.jsonl"
     topo = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", nodes=2, backend="ray")
+    before = {(s["ip"], s["port"]) for s in host_listening()}
     with MultiNode(topo, env={ENV_LOG: str(log)}, log_dir=tmp_path, rpc_enabled=True) as mn:
         got = mn.generate(PROMPTS, max_tokens=16)
         ranks = mn.inspect()
         socks = mn.listening()
+        host_new = [s for s in host_listening() if (s["ip"], s["port"]) not in before]
         names = {p.name() for _, p in mn.processes() if p.is_running()}
         mn.check_patches()
+        # Closed by default: the leader (with /collective_rpc) answers no route without its key but /health.
+        assert ("POST", "/collective_rpc") in mn.leader.routes()
+        assert mn.leader.open_routes() == {("GET", "/health"): 200}
         cluster = mn.cluster
     assert cluster.leftovers() == [] and not Path(cluster.temp_dir).exists()
     # Every process kind of the run was looked at, and each listens somewhere.
     listening_names = {s["name"] for s in socks}
     for kind in ("gcs_server", "raylet"):
         assert kind in names and kind in listening_names, (kind, sorted(names))
+    # In the host's network the run listens on nothing beyond loopback (in fact on nothing at all: the leader
+    # serves on a Unix socket); Ray's servers on "every interface" are inside the run's private network, whose only
+    # interface is its loopback. There, vLLM's and the kit's sockets are on loopback addresses too.
+    assert mn.network is not None and not Path(mn.network.path).exists()
+    assert [s for s in host_new if not _loopback(s["ip"])] == [], host_new
     outside = [s for s in socks if not _loopback(s["ip"])]
+    assert [s for s in outside if _rays_own(s)], "Ray's wildcard listeners were not seen inside the private network"
     ours = [s for s in outside if not _rays_own(s)]
     assert not ours, f"listening beyond loopback (vLLM, the kit, or Ray beyond its gRPC servers): {ours}"
-    _SEEN["ray_outside"] = [s for s in outside if _rays_own(s)]
+    print(f"host network: {len(host_new)} new listeners ({host_new}); private network: {len(socks)} listeners, "
+          f"{len(outside)} of Ray's on every interface of it")
 
     assert [(r["pp_rank"], r["node"], r["host_ip"]) for r in ranks] == [(0, 0, "127.0.0.2"), (1, 1, "127.0.0.3")]
     assert ranks[0]["embedding"] and not (ranks[0]["drafter"] or {}).get("params")
@@ -108,22 +117,9 @@ def test_pp2_mtp2_on_ray_executor_two_nodes(tmp_path, no_leftovers):
     assert got.token_ids == ref.token_ids
 
 
-@pytest.mark.xfail(strict=True, reason=RAY_WILDCARD)
-def test_ray_run_listens_only_on_loopback():
-    """Kept visible: Ray's own gRPC servers listen on every interface during the two-node run above (the rest of
-    the run, vLLM's and the kit's sockets included, is checked to be on loopback there). Turns into a pass (a
-    strict-xfail failure) the day Ray binds them to the node address."""
-    if "ray_outside" not in _SEEN:
-        pytest.skip("reads the sockets of test_pp2_mtp2_on_ray_executor_two_nodes (run it in the same session)")
-    assert not _SEEN["ray_outside"], "\n".join(f"{s['name']} (node {s['node']}, pid {s['pid']}): {s['ip']}:{s['port']}"
-                                               for s in _SEEN["ray_outside"])
-
-
-def test_ray_executor_without_the_patch_refuses_the_cpu_platform(no_leftovers):
+def test_ray_executor_without_the_patch_refuses_the_cpu_platform(tmp_path, no_leftovers):
     """The defect, kept visible: without cpu_ray_executor vLLM 0.32's CPU build refuses the Ray executor."""
-    topo = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", backend="ray")
-    with LocalRayCluster(num_nodes=2, cpus_per_node=1, attach_env=False,
-                         node_env=lambda i: {"VLLM_CPU_OMP_THREADS_BIND": str(i)}) as c:
-        with pytest.raises(engine.EngineError, match=KNOWN):
-            engine.run(topo, [{"kind": "generate", "prompts": PROMPTS, "max_tokens": 16}], timeout=600,
-                       env={**c.env(), "KIT_PATCHES": "all,-cpu_ray_executor"})
+    topo = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", nodes=2, backend="ray")
+    with pytest.raises(engine.EngineError, match=KNOWN):
+        with MultiNode(topo, env={"KIT_PATCHES": "all,-cpu_ray_executor"}, log_dir=tmp_path):
+            pass

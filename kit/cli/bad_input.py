@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import os
 import shlex
 import shutil
@@ -105,6 +106,8 @@ CASES: list[Case] = [
     cli("--prompts a line not JSON", f"{C} --prompts {TMP}/broken.jsonl", "broken.jsonl:2: not JSON"),
     cli("--prompts a line without a prompt", f"{C} --prompts {TMP}/wrongkey.jsonl", 'wrongkey.jsonl:1: expected {"prompt"'),
     cli("--prompts unreadable", f"{C} --prompts /proc/self/mem", "prompt file /proc/self/mem cannot be read"),
+    cli("a prompt longer than the model length", f"compare --model tiny-mimo --max-model-len 16 --max-tokens 4 --prompts {TMP}/long.jsonl",
+        "longer than the model length 16"),
     # kit pd
     cli("model without trained weights, no --random", "pd --model tiny-qwen3_5", "ships no trained weights"),
     cli("--producer-pp 0", f"{P} --producer-pp 0", "pp must be an integer >= 1"),
@@ -173,6 +176,14 @@ CASES: list[Case] = [
         'Topology("tiny-mimo", random_weights=True, extra_engine_args={"enable_prefix_cache": True})',
         "'enable_prefix_cache' is not a vLLM engine or server argument"),
     api("Server: an empty API key", 'Server(T, api_key="")', "api_key must be a non-empty string"),
+    api("Server: a host beyond loopback", 'Server(T, host="0.0.0.0")', "is not a loopback address"),
+    api("extra_engine_args: the server's host",
+        'Topology("tiny-mimo", random_weights=True, extra_engine_args={"host": "0.0.0.0"})',
+        "'host' sets where a server listens"),
+    api("kv_cache_gib not whole on device cpu", 'Topology("tiny-mimo", random_weights=True, kv_cache_gib=1.5)',
+        "kv_cache_gib must be a whole number of GiB on device cpu"),
+    api("a prompt longer than the model length", 'generate(Topology("tiny-mimo", max_model_len=16), ["x " * 40])',
+        "longer than the model length 16"),
     api("a string as the prompts list", 'generate(T, "Hello")', "prompts must be a list of strings, got a str"),
     api("an empty prompts list", "generate(T, [])", "prompts is empty"),
     api("a prompt that is not a string", "generate(T, [1, 2])", "prompts[0] must be a non-empty string"),
@@ -235,6 +246,7 @@ def make_fixtures(tmp: Path) -> None:
     (tmp / "latin1.jsonl").write_bytes('{"prompt": "café"}\n'.encode("latin-1"))
     (tmp / "broken.jsonl").write_text('{"prompt": "ok"}\n{"prompt": "no closing brace"\n')
     (tmp / "wrongkey.jsonl").write_text('{"text": "the key is prompt"}\n')
+    (tmp / "long.jsonl").write_text(json.dumps({"prompt": "def f(x):\n    return x\n" * 8}) + "\n")
     (tmp / "badmodel").mkdir()
     (tmp / "badmodel" / "config.json").write_text("{")
     (tmp / "cache").mkdir()

@@ -56,7 +56,10 @@ GROUPS: list[tuple[str, list]] = [
         Tool("patch-docs", "kit.patches.docs", "write (or --check) docs/patches.md from the patch registry"),
         Tool("bad-input", "kit.cli.bad_input", "run the bad-input cases; write (or --check) docs/bad-input.md"),
     ]),
-    ("set-up", ["doctor"]),
+    ("set-up", [
+        "doctor",
+        Tool("clean", "kit.cli.clean", "remove run folders left in the cache (failed or kept runs), --all also checkpoints"),
+    ]),
 ]
 
 

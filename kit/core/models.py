@@ -33,7 +33,10 @@ TOKENIZER_FILES = (
 def cache_dir() -> Path:
     """Where the kit writes generated files (random checkpoints, logs); ``KIT_CACHE_DIR`` overrides."""
     d = Path(os.environ.get("KIT_CACHE_DIR", Path.home() / ".cache" / "ppmtp-kit"))
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file there, or no permission: one line, not a traceback
+        raise ModelError(f"KIT_CACHE_DIR {d} is not a folder the kit can write: {e.strerror or e}") from None
     return d
 
 

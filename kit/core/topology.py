@@ -164,6 +164,10 @@ class Topology:
         if mml is not None and (mml < 16 or mml > info.max_model_len):
             raise TopologyError(f"max_model_len={mml} outside 16..{info.max_model_len} (the model's max_position_embeddings)")
         check_positive(self.kv_cache_gib, "kv_cache_gib", "a finite number > 0 (GiB)")
+        if self.device == "cpu" and not float(self.kv_cache_gib).is_integer():
+            # VLLM_CPU_KVCACHE_SPACE is read as an integer: vLLM would refuse 1.5 only after its start
+            raise TopologyError(f"kv_cache_gib must be a whole number of GiB on device cpu (vLLM's "
+                                f"VLLM_CPU_KVCACHE_SPACE), got {self.kv_cache_gib}")
 
     def _check_types(self) -> None:
         """Field types first: a string or a float where an integer belongs would otherwise fail later, in a
@@ -180,6 +184,9 @@ class Topology:
             raise TopologyError(f"extra_engine_args must be a dict, got {type(self.extra_engine_args).__name__}")
         known = engine_arg_names() if self.extra_engine_args else frozenset()
         for key in self.extra_engine_args:
+            if key in SERVER_PLACEMENT_ARGS:  # where a server listens is the kit's (loopback), not a model setting
+                raise TopologyError(f"extra_engine_args: {key!r} sets where a server listens; the kit binds its "
+                                    "servers to loopback (Server(host=...) takes a loopback address)")
             if known and key not in known:  # vLLM would refuse it only in the started process, with a traceback
                 import difflib
 
@@ -495,6 +502,10 @@ class NodeCommand:
         pin = ["taskset", "-c", core_ranges(self.cores)] if self.cores else []
         return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())),
                          *map(shlex.quote, pin + self.argv)])
+
+
+# Server arguments that would move a server the kit starts off loopback (or off its Unix socket).
+SERVER_PLACEMENT_ARGS = frozenset({"host", "port", "uds"})
 
 
 def _fmt_num(x: float) -> str:

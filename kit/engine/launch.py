@@ -7,8 +7,6 @@ starts. Notebooks and the CLI use this.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -16,12 +14,12 @@ from pathlib import Path
 from kit.core.models import cache_dir
 from kit.core.topology import Topology, TopologyError
 from kit.core.validate import check_count, check_generation, check_prompts, check_seconds
+from kit.engine.lifecycle import remove_run_dir
 from kit.engine.procs import ManagedProcess, ProcessFailed, python_cmd, root_cause
 from kit.engine.progress import Status
 from kit.engine.result import EngineError, GenerationResult
 from kit.patches import ENV_LOG
 
-ENV_KEEP_RUNS = "KIT_KEEP_RUNS"  # "1": keep every run folder (prompts, result, logs) under the cache, for debugging
 
 DEFAULT_START_TIMEOUT = 600.0
 # The runner holds vLLM's engine core in its own process (vLLM's in-process client,
@@ -55,6 +53,26 @@ def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: boo
         raise TopologyError(str(e)) from None
 
 
+_TOKENIZERS: dict[str, object] = {}
+
+
+def check_prompt_lengths(topology: Topology, prompts: list[str]) -> None:
+    """Refuse (:class:`TopologyError`, before any process starts) a prompt that vLLM would refuse after its
+    start: more tokens than the model length (``InputProcessor._validate_prompt_len``), counted with the model's
+    own tokenizer as vLLM counts them."""
+    path = str(topology.model_path())
+    if path not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+
+        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
+    tok = _TOKENIZERS[path]
+    for i, p in enumerate(prompts):
+        n = len(tok(p)["input_ids"])
+        if n > topology.model_len:
+            raise TopologyError(f"prompt {i} is {n} tokens, longer than the model length {topology.model_len}: "
+                                "shorten it or raise --max-model-len")
+
+
 def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIMEOUT,
         env: dict[str, str] | None = None, log_path: Path | None = None, check: bool = True,
         quiet: bool | None = None) -> dict:
@@ -62,8 +80,8 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
 
     Raises :class:`EngineError` with the root-cause log lines if the engine fails, a vLLM child
     dies, or ``timeout`` seconds pass. The whole process tree is gone when this returns, and so is the run's
-    folder under the kit's cache (``kit-run-*``: request, result, engine log) unless the run failed (its error names
-    the log) or ``KIT_KEEP_RUNS=1``.
+    folder under the kit's cache (``kit-run-*``: request, result, engine log); a failed run's folder, which its error
+    names, goes when this process exits (``KIT_KEEP_RUNS=1`` keeps every folder).
     ``check=False`` skips :func:`precheck` (to watch vLLM itself refuse, as the patch-necessity tests do).
     While it runs, one status line shows the phase and elapsed seconds (:mod:`kit.engine.progress`; ``quiet=True``
     or ``KIT_QUIET=1`` turns it off).
@@ -77,6 +95,9 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
         precheck(topology, env)
     topology.model_path()  # write a random checkpoint here, before any process starts
     topology.draft_path()
+    for job in jobs:
+        if job.get("kind") == "generate":
+            check_prompt_lengths(topology, job["prompts"])
     work = Path(tempfile.mkdtemp(prefix="kit-run-", dir=cache_dir()))
     req = work / "request.json"
     out = work / "result.json"
@@ -87,54 +108,57 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
         proc_env.update(INPROC_ENGINE_CORE_ENV)
     proc_env.update(env or {})
     proc_env.setdefault(ENV_LOG, str(work / "patches.jsonl"))  # each vLLM process records its patches there
-    proc = ManagedProcess(python_cmd("kit.engine.child", str(req), str(out)), env=proc_env, log_path=log_path,
-                          name=f"vLLM engine [{topology.label()}]")
-    status = Status(proc.name, log_path, quiet=quiet)
-    deadline = time.monotonic() + timeout
-    failed = True
     try:
-        while True:
-            status.poll()
-            if out.exists():
-                break
-            alive = proc.alive()
-            dead = proc.check_children() if alive else None
-            if not alive or dead:
-                # The runner writes its result and leaves at once; its guard then ends the engine core and
-                # workers. A death seen just after the result landed is that teardown, not a failure. A real
-                # death: let the survivors write the root cause (a worker's traceback reaches the log through
-                # the engine core a moment later) before the tree is ended: up to 3 s, while the log grows.
-                settle, size = time.monotonic() + 3.0, -1
-                while not out.exists() and time.monotonic() < settle:
-                    now = log_path.stat().st_size if log_path.exists() else 0
-                    if now == size:
-                        break
-                    size = now
-                    time.sleep(0.5)
+        proc = ManagedProcess(python_cmd("kit.engine.child", str(req), str(out)), env=proc_env, log_path=log_path,
+                              name=f"vLLM engine [{topology.label()}]")
+        status = Status(proc.name, log_path, quiet=quiet)
+        deadline = time.monotonic() + timeout
+        failed = True
+        try:
+            while True:
+                status.poll()
                 if out.exists():
                     break
-                raise proc.fail(f"a vLLM process died: {dead}" if dead else
-                                f"exited with code {proc.popen.returncode} before finishing")
-            if time.monotonic() > deadline:
-                raise proc.fail(f"no result after {timeout:.0f} s (deadline)")
-            time.sleep(0.5)
-        result = json.loads(out.read_text())
-        failed = not result.get("ok")
-    except ProcessFailed as e:
-        raise EngineError(str(e)) from None
-    finally:
-        status.close(failed=failed)
-        proc.terminate()
-    result["log"] = str(log_path)
-    result["peak_rss"] = dict(proc.peak_rss)
-    check_patch_log(topology, proc_env[ENV_LOG])
-    if not result.get("ok"):
-        cause = root_cause(log_path)
-        raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
-                          f"{log_path}:\n    " + "\n    ".join(cause))
-    # A run that succeeded leaves nothing behind; a failed one keeps its folder, which its error names.
-    if os.environ.get(ENV_KEEP_RUNS) != "1":
-        shutil.rmtree(work, ignore_errors=True)
+                alive = proc.alive()
+                dead = proc.check_children() if alive else None
+                if not alive or dead:
+                    # The runner writes its result and leaves at once; its guard then ends the engine core and
+                    # workers. A death seen just after the result landed is that teardown, not a failure. A real
+                    # death: let the survivors write the root cause (a worker's traceback reaches the log through
+                    # the engine core a moment later) before the tree is ended: up to 3 s, while the log grows.
+                    settle, size = time.monotonic() + 3.0, -1
+                    while not out.exists() and time.monotonic() < settle:
+                        now = log_path.stat().st_size if log_path.exists() else 0
+                        if now == size:
+                            break
+                        size = now
+                        time.sleep(0.5)
+                    if out.exists():
+                        break
+                    raise proc.fail(f"a vLLM process died: {dead}" if dead else
+                                    f"exited with code {proc.popen.returncode} before finishing")
+                if time.monotonic() > deadline:
+                    raise proc.fail(f"no result after {timeout:.0f} s (deadline)")
+                time.sleep(0.5)
+            result = json.loads(out.read_text())
+            failed = not result.get("ok")
+        except ProcessFailed as e:
+            raise EngineError(str(e)) from None
+        finally:
+            status.close(failed=failed)
+            proc.terminate()
+        result["log"] = str(log_path)
+        result["peak_rss"] = dict(proc.peak_rss)
+        check_patch_log(topology, proc_env[ENV_LOG])
+        if not result.get("ok"):
+            cause = root_cause(log_path)
+            raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
+                              f"{log_path}:\n    " + "\n    ".join(cause))
+    except BaseException:
+        remove_run_dir(work, failed=True)  # its error names the log: kept until this process exits
+        raise
+    # A run that succeeded leaves nothing behind.
+    if remove_run_dir(work):
         result["log"] = str(log_path) if log_path.parent != work else None
     return result
 

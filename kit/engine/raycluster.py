@@ -6,6 +6,10 @@ separate ``ray start --block`` process tree in its own session (:class:`~kit.eng
 per-node environment (e.g. ``VLLM_CPU_OMP_THREADS_BIND``). Or it attaches to an existing cluster (``address=`` or
 ``RAY_ADDRESS``) and then starts and stops nothing.
 
+Ray 2.60 binds most of its servers to every interface (docs/ray.md), so the nodes run inside a private network
+(:class:`kit.engine.netns.PrivateNetwork`): the caller's (``network=``, a multi-node run's), or one the cluster
+makes and removes itself. Where none can be made, starting needs ``open_network=True`` (the caller's opt-in).
+
 Teardown ends ONLY what it started: the ``ray start`` trees (gcs_server, raylet, plasma store, dashboard,
 agents, log monitor, Ray workers), found as descendants of those processes, members of their process
 groups, or processes whose command line names this cluster's temp dir. It does not call ``ray stop``:
@@ -115,8 +119,11 @@ class LocalRayCluster(Lifecycle):
     fast_imports: bool = True
     temp_dir: str | None = None
     keep_logs: bool = False  # True keeps the temp dir (node logs, Ray's session) after stop(), for debugging
+    network: "object | None" = None  # the kit.engine.netns.PrivateNetwork the nodes run in (None: make one)
+    open_network: bool = False  # no private network: Ray's servers on the host's interfaces (an explicit opt-in)
     nodes: list[RayNode] = field(default_factory=list)
     started: bool = False
+    _own_network: bool = False
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "LocalRayCluster":
@@ -128,6 +135,13 @@ class LocalRayCluster(Lifecycle):
         if self.num_nodes < 1 or self.cpus_per_node < 1:
             raise RayClusterError("num_nodes and cpus_per_node must be >= 1")
         ray = _ray_cli()
+        if self.network is None and not self.open_network:
+            from kit.engine import netns
+
+            if why := netns.unavailable():
+                raise RayClusterError(f"Ray listens on every interface and no private network can be made here "
+                                      f"({why}): run as root, or pass open_network=True")
+            self.network, self._own_network = netns.PrivateNetwork().start(), True
         # Ray puts Unix sockets under the temp dir: keep the path short (< 108 bytes for AF_UNIX).
         self.temp_dir = self.temp_dir or tempfile.mkdtemp(prefix="kitray-", dir="/tmp")
         # vLLM's workers run inside the nodes' Ray workers, outside any kit.engine.guard tree: the shared memory they
@@ -211,9 +225,13 @@ class LocalRayCluster(Lifecycle):
         extra = dict(self.node_env(i)) if self.node_env else {}
         env.update(extra)
         log_path = Path(self.temp_dir) / f"kit-node{i}-try{attempt}.log"
-        prefix = list(self.node_prefix(i)) if self.node_prefix else []
+        prefix = self._inside() + (list(self.node_prefix(i)) if self.node_prefix else [])
         proc = ManagedProcess(prefix + cmd, env=env, log_path=log_path, name=f"ray node {i}")
         self.nodes.append(RayNode(index=i, ip=local_node_ip(i), resource=resource, env=extra, proc=proc, log_path=log_path))
+
+    def _inside(self) -> list[str]:
+        """What a command runs under to be in the nodes' network (nothing on the host's loopback)."""
+        return self.network.prefix() if self.network is not None else []
 
     def _check_alive(self) -> None:
         for n in self.nodes:
@@ -241,7 +259,8 @@ class LocalRayCluster(Lifecycle):
         shim = Path(self.temp_dir) / "pyshim" if self.temp_dir else None
         if shim is not None and shim.is_dir():
             env["PYTHONPATH"] = os.pathsep.join(x for x in (str(shim), env.get("PYTHONPATH", "")) if x)
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+        r = subprocess.run(self._inside() + [sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env=env)
         for line in r.stdout.splitlines():
             if line.startswith("KITNODES"):
                 return json.loads(line[len("KITNODES"):])
@@ -340,6 +359,9 @@ class LocalRayCluster(Lifecycle):
         _remove_orphan_shm(getattr(self, "_shm_before", _shm_entries()))
         if not self.keep_logs and self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+        if self._own_network:
+            self.network.stop()
+            self.network, self._own_network = None, False
         return killed
 
     def leftovers(self) -> list[str]:
@@ -355,5 +377,6 @@ class LocalRayCluster(Lifecycle):
 
     # -- for vLLM -------------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
-        """Environment for the vLLM engine process that should use this cluster as its Ray driver."""
+        """Environment for the vLLM engine process that should use this cluster as its Ray driver (a process
+        started under :meth:`_inside`'s prefix, in the nodes' network)."""
         return {"RAY_ADDRESS": self.address or "", "RAY_USAGE_STATS_ENABLED": "0"}

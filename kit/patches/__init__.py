@@ -66,6 +66,8 @@ INDEX: tuple[str, ...] = (
     "tcp_store_bind_host",
     "cpu_ray_executor",
     "ray_store_bind_host",
+    # closed by default: the API key on every route of vLLM's server
+    "api_key_every_route",
     # correctness of speculation (before pp_spec_schedule_gate: it replaces the function the gate wraps)
     "spec_no_pad_fresh_prompt",
     # correctness of PP + speculation (V1 runner, sync scheduling)

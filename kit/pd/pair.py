@@ -26,8 +26,9 @@ from kit.core.metrics import Counters, block_size_from_metrics
 from kit.core.models import cache_dir
 from kit.core.net import free_port
 from kit.core.topology import Topology, omp_threads_bind
-from kit.core.validate import check_count, check_prompts, check_seconds
+from kit.core.validate import check_api_key, check_count, check_prompts, check_seconds
 from kit.engine import DEFAULT_START_TIMEOUT, EngineError, Server
+from kit.engine.httpclient import random_api_key
 from kit.engine.lifecycle import Lifecycle
 from kit.engine.procs import Abandoned, call_watched, fatal_log_lines
 from kit.pd.client import PDError, get, model_id, post_json, stream_completion
@@ -94,7 +95,9 @@ class PDPair(Lifecycle):
                  parallel_start: bool = True, split_cores: bool = True, kv_extra_config: dict | None = None,
                  api_key: str | None = None):
         self.kv_extra_config = dict(DEFAULT_KV_EXTRA_CONFIG if kv_extra_config is None else kv_extra_config)
-        self.api_key = api_key  # both servers answer /v1/* only with it (kit.engine.Server); checked there
+        # Both servers answer every route but /health only with it; one random key when none is given (the
+        # router sends one key to both).
+        self.api_key = check_api_key(api_key) or random_api_key()
         self.connector, self.connector_reason = check_pair(producer, consumer, connector, env, self.kv_extra_config)
         check_seconds(start_timeout, "start_timeout")
         check_seconds(request_timeout, "request_timeout")
@@ -103,6 +106,7 @@ class PDPair(Lifecycle):
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="kit-pd-", dir=cache_dir()))
+        self.run_dir = None if log_dir else self.log_dir  # removed at stop() unless the run failed
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env or {})
         self.warmup = warmup
@@ -250,6 +254,7 @@ class PDPair(Lifecycle):
                     raise PDError(f"warm-up request failed 3 times: {self.warmup_errors}"
                                   f"\n  logs: {self.log_dir}")
         except BaseException:
+            self.failed = True
             self.stop()
             raise
         return self
@@ -266,6 +271,7 @@ class PDPair(Lifecycle):
         for th in self._threads:
             th.join(timeout=10)
         self._threads = []
+        self.release_run_dir()
 
     def describe(self) -> dict:
         return {"connector": self.connector, "connector_class": self.producer_topology.kv_transfer_config()["kv_connector"],
