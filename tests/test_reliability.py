@@ -14,7 +14,7 @@ from kit.checks.faults import kill_tree
 from kit.checks.faults import kill_when_generating as _kill_when_generating
 from kit.checks.faults import vllm_processes as _vllm_children
 from kit.core.topology import Topology
-from kit.engine.procs import leftover_vllm_processes
+from kit.engine.procs import RUN_ID_ENV, leftover_vllm_processes, new_run_id
 
 pytestmark = [pytest.mark.engine, pytest.mark.reliability]
 PROMPTS = ["def add(a, b):\n    return", "import os\n"]
@@ -22,16 +22,15 @@ PROMPTS = ["def add(a, b):\n    return", "import os\n"]
 
 def test_dead_worker_is_reported_within_30s(no_leftovers):
     t = Topology(model=MODEL, random_weights=True, pp=2)
-    stop = threading.Event()
-    since = time.time() - 1
+    stop, rid = threading.Event(), new_run_id()
     killed: list = []
-    killer = threading.Thread(target=_kill_when_generating, args=("VLLM::Worker_PP1", stop, since, killed),
+    killer = threading.Thread(target=_kill_when_generating, args=("VLLM::Worker_PP1", stop, rid, killed),
                               daemon=True)
     killer.start()
     with pytest.raises(engine.EngineError) as e:
         # Long enough that the kill lands while generating (8 x 900 tokens took only seconds once the engine
         # decoded at ~1000 tok/s, and the kill missed it).
-        engine.generate(t, PROMPTS * 32, max_tokens=900, timeout=600)
+        engine.generate(t, PROMPTS * 32, max_tokens=900, timeout=600, env={RUN_ID_ENV: rid})
     stop.set()
     msg = str(e.value)
     assert "Worker_PP1" in msg and "died" in msg, msg
@@ -50,12 +49,12 @@ def test_caller_killed_leaves_no_vllm_process(tmp_path, no_leftovers):
         from kit.core.topology import Topology
         engine.generate(Topology(model={MODEL!r}, random_weights=True, pp=2), ["x = 1"] * 4, max_tokens=2000)
     """))
-    t_start = time.time()
-    caller = subprocess.Popen([sys.executable, str(script)], env=dict(os.environ))
+    t_start, rid = time.time(), new_run_id()
+    caller = subprocess.Popen([sys.executable, str(script)], env={**os.environ, RUN_ID_ENV: rid})
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not _vllm_children("VLLM::Worker_PP1"):
+    while time.monotonic() < deadline and not _vllm_children("VLLM::Worker_PP1", rid):
         time.sleep(1)
-    assert _vllm_children("VLLM::Worker_PP1"), "the engine never started"
+    assert _vllm_children("VLLM::Worker_PP1", rid), "the engine never started"
     time.sleep(3)
     caller.kill()
     caller.wait()
@@ -65,6 +64,55 @@ def test_caller_killed_leaves_no_vllm_process(tmp_path, no_leftovers):
     assert not leftover_vllm_processes(since=t_start, owner=caller.pid)
 
 
+def test_a_fault_in_one_run_leaves_the_run_beside_it_alone(no_leftovers):
+    """Two PP=2 runs started side by side on this machine, each with its own run id. A's stage-1 worker is killed as
+    soon as it exists (found by A's id, not by its title, which B's stage-1 worker shares) while B's stage-1 worker
+    is alive too. A reports the death; B finishes with the PP=1 reference's tokens."""
+    from kit.engine.procs import run_processes
+
+    t = Topology(model=MODEL, random_weights=True, pp=2)
+    rid_a, rid_b = new_run_id(), new_run_id()
+    b_prompts, b_tokens = PROMPTS * 64, 900  # B generates ~50 s: still running when A's workers appear
+    got: dict = {}
+    b_workers: list = []
+
+    def run_b() -> None:
+        try:
+            got["b"] = engine.generate(t, b_prompts, max_tokens=b_tokens, timeout=600, env={RUN_ID_ENV: rid_b},
+                                       quiet=True)
+        except Exception as e:  # noqa: BLE001 - the assertion below shows it
+            got["b_error"] = e
+
+    def b_running() -> bool:  # the kill happens while B's stage-1 worker is alive and B has not finished
+        b_workers[:] = [p.pid for p in _vllm_children("VLLM::Worker_PP1", rid_b)]
+        return bool(b_workers) and "b" not in got and "b_error" not in got
+
+    b = threading.Thread(target=run_b)
+    b.start()
+    stop, killed = threading.Event(), []
+
+    def kill_a() -> None:  # A's stage-1 worker, as soon as it exists (A is starting), while B runs
+        while not stop.is_set():
+            victims = _vllm_children("VLLM::Worker_PP1", rid_a)
+            if victims and b_running():
+                killed.append(time.monotonic())
+                for p in victims:
+                    p.kill()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=kill_a, daemon=True).start()
+    with pytest.raises(engine.EngineError, match="Worker_PP1"):
+        engine.generate(t, PROMPTS * 32, max_tokens=900, timeout=600, env={RUN_ID_ENV: rid_a}, quiet=True)
+    stop.set()
+    b.join(timeout=600)
+    assert killed and b_workers, (killed, b_workers)
+    assert not run_processes(rid_a)
+    assert "b_error" not in got, got.get("b_error")
+    ref = engine.generate(t.reference(), b_prompts, max_tokens=b_tokens)
+    assert got["b"].token_ids == ref.token_ids
+
+
 @pytest.mark.slow
 def test_twenty_starts_and_stops_leave_nothing(no_leftovers):
     """20 cycles: in-process engines (PP=1 and PP=2), `vllm serve` servers, and engines killed mid-request;
@@ -72,14 +120,13 @@ def test_twenty_starts_and_stops_leave_nothing(no_leftovers):
     for i in range(20):
         t = Topology(model=MODEL, random_weights=True, pp=1 + (i % 2))
         if i % 4 == 3:  # a worker killed mid-request
-            stop = threading.Event()
+            stop, rid = threading.Event(), new_run_id()
             killed: list = []
-            th = threading.Thread(target=_kill_when_generating,
-                                  args=("VLLM::Worker", stop, time.time() - 1, killed), daemon=True)
+            th = threading.Thread(target=_kill_when_generating, args=("VLLM::Worker", stop, rid, killed), daemon=True)
             th.start()
             with pytest.raises(engine.EngineError):
                 # Long enough that the kill lands while generating (see the dead-worker test).
-                engine.generate(t, PROMPTS * 32, max_tokens=900, timeout=600)
+                engine.generate(t, PROMPTS * 32, max_tokens=900, timeout=600, env={RUN_ID_ENV: rid})
             stop.set()
             assert killed, i
         elif i % 4 == 1:  # a server: start, one request, stop

@@ -96,6 +96,24 @@ def test_random_checkpoint_is_seeded_and_normal_scale(tmp_path, monkeypatch):
     assert (load_file(str(p2 / "model.safetensors"))["model.embed_tokens.weight"] != emb).any()
 
 
+def test_a_random_checkpoint_changed_on_disk_is_written_again(tmp_path, monkeypatch):
+    """A random checkpoint is verified by hash at each reuse: bytes changed after it was written (a truncated or
+    edited file) are not served; the checkpoint is written again, identical to the first."""
+    import json
+
+    monkeypatch.setenv("KIT_CACHE_DIR", str(tmp_path))
+    t = Topology(model=MODEL, random_weights=True, seed=3)
+    p = t.model_path()
+    marker = json.loads((p / ".complete").read_text())
+    assert marker["init"] >= 1 and "model.safetensors" in marker["sha256"] and "config.json" in marker["sha256"]
+    good = (p / "model.safetensors").read_bytes()
+    with open(p / "model.safetensors", "r+b") as f:
+        f.seek(len(good) // 2)
+        f.write(b"\x00\x01\x02\x03")
+    assert t.model_path() == p
+    assert (p / "model.safetensors").read_bytes() == good
+
+
 def test_model_requirements_for_hybrid_gdn_models():
     """Qwen3.5 (Gated-DeltaNet + full attention) on CPU: bf16 (the CPU GDN kernel's only dtype) in place of the
     kit's float32 default, and prefix caching off with speculative decoding only; other models are untouched."""

@@ -67,7 +67,8 @@ class Comparison:
             return {}
         return {"acceptance_single_node_pp1": self.single_node.spec.to_dict(),
                 "acceptance_equal_single_node_pp1": self.acceptance_equal,
-                "nodes": self.result.topology.get("nodes"), "listening": self.result.topology.get("listening")}
+                "nodes": self.result.topology.get("nodes"), "network": self.result.topology.get("network"),
+                "listening": self.result.topology.get("listening")}
 
 
 def compare(topology: Topology, prompts: list[str], max_tokens: int = 32, timeout: float = 900.0,

@@ -34,7 +34,8 @@ import psutil
 from kit.checks.faults_table import render
 from kit.core.models import REPO_ROOT, cache_dir
 from kit.core.results import machine, versions
-from kit.engine.procs import leftover_temp_entries, leftover_vllm_processes, vllm_temp_entries
+from kit.engine.procs import (RUN_ID_ENV, leftover_temp_entries, leftover_vllm_processes, new_run_id, run_processes,
+                              vllm_temp_entries)
 
 JSONL = REPO_ROOT / "docs" / "results" / "faults.jsonl"
 DOC = REPO_ROOT / "docs" / "results" / "faults.md"
@@ -46,38 +47,48 @@ COMPARE = ["compare", "--model", MODEL, "--random", "--pp", "2", "--max-tokens",
 
 # -- finding and killing vLLM processes (also used by tests/test_reliability.py) -----------------------------
 
-def vllm_processes(title: str) -> list[psutil.Process]:
-    """Live processes whose command line contains ``title`` (vLLM retitles its children: ``VLLM::Worker_PP1``)."""
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if title in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
+_RUN_IDS: set[str] = set()  # the runs this process started for fault rows: the only ones its cleanup touches
 
 
-def runner_log_says(text: str, since: float) -> bool:
-    """Whether an engine log (``kit-run-*/engine.log``) written since ``since`` contains ``text``."""
-    for p in cache_dir().glob("kit-run-*/engine.log"):
-        try:
-            if p.stat().st_mtime >= since and text in p.read_text(errors="replace"):
-                return True
-        except OSError:
-            continue
+def row_run_id() -> str:
+    """A run id for a run a fault row starts (``env={RUN_ID_ENV: id}``), remembered for the row's cleanup."""
+    rid = new_run_id()
+    _RUN_IDS.add(rid)
+    return rid
+
+
+def vllm_processes(title: str, run_id: str) -> list[psutil.Process]:
+    """The run's live processes whose command line contains ``title`` (vLLM retitles its children:
+    ``VLLM::Worker_PP1``); another run's processes are never among them."""
+    return [p for p in run_processes(run_id) if title in " ".join(_cmdline(p))]
+
+
+def run_log_says(run_id: str, text: str) -> bool:
+    """Whether the engine log of the run ``run_id`` (its ``kit.engine.child``'s ``kit-run-*/engine.log``)
+    contains ``text``."""
+    for p in run_processes(run_id):
+        cmd = _cmdline(p)
+        if "kit.engine.child" in cmd and len(cmd) >= 2:
+            log = Path(cmd[cmd.index("kit.engine.child") + 1]).parent / "engine.log"
+            try:
+                if text in log.read_text(errors="replace"):
+                    return True
+            except OSError:
+                continue
     return False
 
 
-def kill_when_generating(title: str, stop: threading.Event, since: float, killed: list | None = None) -> None:
-    """SIGKILL the vLLM processes titled ``title`` once a runner has started generating (1 s into it);
-    the kill's ``time.monotonic()`` goes to ``killed``."""
+def kill_when_generating(title: str, stop: threading.Event, run_id: str, killed: list | None = None,
+                         also_alive: Callable[[], bool] | None = None) -> None:
+    """SIGKILL the run's processes titled ``title`` once it has started generating (1 s into it; with
+    ``also_alive``, once that also holds); the kill's ``time.monotonic()`` goes to ``killed``."""
     while not stop.is_set():
-        if runner_log_says("[kit.engine.child] job generate", since) and vllm_processes(title):
+        if run_log_says(run_id, "[kit.engine.child] job generate") and vllm_processes(title, run_id) \
+                and (also_alive is None or also_alive()):
             time.sleep(1.0)  # mid-request
             if killed is not None:
                 killed.append(time.monotonic())
-            for p in vllm_processes(title):
+            for p in vllm_processes(title, run_id):
                 try:
                     p.send_signal(signal.SIGKILL)
                 except psutil.Error:
@@ -118,10 +129,19 @@ def _first_line(text: str) -> str:
 def measure(row: Row) -> dict:
     """Run one row and the leak checks after it; remove what it left (after recording it)."""
     t0, before, start = time.time(), vllm_temp_entries(), time.monotonic()
+    # Every process the row starts (in this process, or in a caller it starts) carries the row's run id, unless
+    # the row gives a run its own (also remembered): the cleanup below touches those runs only.
+    saved = os.environ.get(RUN_ID_ENV)
+    os.environ[RUN_ID_ENV] = row_run_id()
     try:
         res = row.run()
     except Exception as e:  # noqa: BLE001 - a row that breaks is recorded as such, not hidden
         res = {"seconds": None, "line": f"row failed: {type(e).__name__}: {_first_line(e)}", "outcome": "error"}
+    finally:
+        if saved is None:
+            os.environ.pop(RUN_ID_ENV, None)
+        else:
+            os.environ[RUN_ID_ENV] = saved
     # This process's ancestors (the shell, flock) are never leftovers, whatever their command lines say.
     mine = {p.pid for p in psutil.Process().parents()}
     deadline = time.monotonic() + 30
@@ -140,14 +160,13 @@ def measure(row: Row) -> dict:
         "row_seconds": round(time.monotonic() - start, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
     })
-    for entry in procs:  # the record has them; the next row starts clean (vLLM's and the kit's processes only)
-        try:
-            p = psutil.Process(int(entry.split()[0]))
-            if p.pid not in mine and re.search(r"VLLM::|EngineCore|kit\.engine\.guard|kit\.engine\.child|vllm\.entrypoints",
-                                               " ".join(p.cmdline())):
+    # The record has them; the next row starts clean: only processes of the runs this process started.
+    for p in [p for rid in _RUN_IDS for p in run_processes(rid)]:
+        if p.pid not in mine:
+            try:
                 p.kill()
-        except (psutil.Error, ValueError):
-            pass
+            except psutil.Error:
+                pass
     for f in files:
         try:
             os.unlink(f) if not os.path.isdir(f) else __import__("shutil").rmtree(f, ignore_errors=True)
@@ -246,13 +265,13 @@ def _cmdline(p: psutil.Process) -> list[str]:
 
 def _caller_row(sig: int, phase: str) -> Callable[[], dict]:
     def run() -> dict:
-        since = time.time() - 1
-        c = Caller(_kit(*COMPARE))
+        rid = row_run_id()
+        c = Caller(_kit(*COMPARE), env={RUN_ID_ENV: rid})
         if phase == "starting":  # the engine core exists, the model is loading: no generation yet
             c.wait_for(lambda: _has_vllm(c), 300, "a vLLM process")
-            hit = "starting" if not runner_log_says("[kit.engine.child] job generate", since) else "generating"
+            hit = "starting" if not run_log_says(rid, "[kit.engine.child] job generate") else "generating"
         else:
-            c.wait_for(lambda: runner_log_says("[kit.engine.child] job generate", since), 300, "generation")
+            c.wait_for(lambda: run_log_says(rid, "[kit.engine.child] job generate"), 300, "generation")
             time.sleep(1.0)
             hit = "generating"
         sent = c.signal(sig)
@@ -316,12 +335,11 @@ def _topology(pp: int = 2, **kw):
 def _worker_death() -> dict:
     from kit import engine
 
-    stop, killed = threading.Event(), []
-    th = threading.Thread(target=kill_when_generating, args=("VLLM::Worker_PP1", stop, time.time() - 1, killed),
-                          daemon=True)
+    stop, killed, rid = threading.Event(), [], row_run_id()
+    th = threading.Thread(target=kill_when_generating, args=("VLLM::Worker_PP1", stop, rid, killed), daemon=True)
     th.start()
     try:
-        engine.generate(_topology(), PROMPTS * 32, max_tokens=900, timeout=600, quiet=True)
+        engine.generate(_topology(), PROMPTS * 32, max_tokens=900, timeout=600, quiet=True, env={RUN_ID_ENV: rid})
         return {"seconds": None, "line": "no error: the run finished", "outcome": "missed"}
     except engine.EngineError as e:
         return {"seconds": round(time.monotonic() - killed[0], 2) if killed else None, "line": _first_line(e),
@@ -451,10 +469,10 @@ def _disk_full_caller() -> int:
     from kit import engine
 
     t = _topology()
-    since = time.time() - 1
+    rid = new_run_id()
 
     def fill() -> None:
-        while not runner_log_says("[kit.engine.child] job generate", since):
+        while not run_log_says(rid, "[kit.engine.child] job generate"):
             time.sleep(0.2)
         try:
             with open(cache_dir() / "filler", "wb") as f:
@@ -465,7 +483,7 @@ def _disk_full_caller() -> int:
 
     threading.Thread(target=fill, daemon=True).start()
     try:
-        engine.generate(t, PROMPTS * 8, max_tokens=400, timeout=600, quiet=True)
+        engine.generate(t, PROMPTS * 8, max_tokens=400, timeout=600, quiet=True, env={RUN_ID_ENV: rid})
         print("caller: no error", flush=True)
         return 0
     except Exception as e:  # noqa: BLE001 - the line the kit gives is the measurement

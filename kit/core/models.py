@@ -131,7 +131,9 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     """Write (once) a seeded random checkpoint for ``info`` and return its directory.
 
     The directory has the same config and tokenizer, and ``model.safetensors`` filled from
-    ``weights.json``. It is keyed by the manifest's hash and the seed, so it is reused.
+    ``weights.json``. It is keyed by the hash of the manifest and config, the initialisation's version
+    (:data:`RANDOM_INIT_VERSION`) and the seed, so it is reused; its ``.complete`` marker holds the sha256 of every
+    file, checked at each reuse: a checkpoint changed since it was written is written again.
     """
     import numpy as np
 
@@ -139,10 +141,11 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     if not manifest_path.exists():
         raise ModelError(f"{info.path} has no weights.json: random weights need the tensor manifest")
     manifest_bytes = manifest_path.read_bytes()
-    key = hashlib.sha256(manifest_bytes + (info.path / "config.json").read_bytes()).hexdigest()[:12]
+    key = hashlib.sha256(manifest_bytes + (info.path / "config.json").read_bytes()
+                         + f"init{RANDOM_INIT_VERSION}".encode()).hexdigest()[:12]
     out = cache_dir() / "random" / f"{info.name}-{key}-seed{seed}"
     done = out / ".complete"
-    if done.exists():
+    if done.exists() and _intact(out):
         return out
     rng = np.random.default_rng(seed)  # a bad seed fails here, before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -152,11 +155,47 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     fd = os.open(out.parent, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if not done.exists():  # else written by another run while this one waited
+        if not (done.exists() and _intact(out)):  # else written by another run while this one waited
             _write_random(info, manifest_bytes, rng, seed, out)
     finally:
         os.close(fd)  # releases the lock
     return out
+
+
+# The version of _init_tensor's scheme: part of a random checkpoint's key, so a changed initialisation is never
+# served from a checkpoint written by the old one.
+RANDOM_INIT_VERSION = 1
+
+
+def _file_hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file of a checkpoint folder but its marker."""
+    out = {}
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and f.name != ".complete":
+            h = hashlib.sha256()
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            out[f.name] = h.hexdigest()
+    return out
+
+
+_INTACT: set = set()  # (folder, its files' sizes and mtimes) verified in this process: not hashed again
+
+
+def _intact(folder: Path) -> bool:
+    """Whether a written checkpoint's files are the ones its marker names, byte for byte."""
+    try:
+        want = json.loads((folder / ".complete").read_text()).get("sha256")
+        seen = (str(folder), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir())))
+    except (OSError, ValueError):
+        return False
+    if seen in _INTACT:
+        return True
+    ok = bool(want) and _file_hashes(folder) == want
+    if ok:
+        _INTACT.add(seen)
+    return ok
 
 
 def _write_random(info: ModelInfo, manifest_bytes: bytes, rng, seed: int, out: Path) -> None:
@@ -172,7 +211,8 @@ def _write_random(info: ModelInfo, manifest_bytes: bytes, rng, seed: int, out: P
         manifest = json.loads(manifest_bytes)
         tensors = {name: _init_tensor(name, shape, rng) for name, shape in sorted(manifest["tensors"].items())}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / ".complete").write_text(json.dumps({"seed": seed, "source": str(info.path)}))
+        (tmp / ".complete").write_text(json.dumps({"seed": seed, "source": str(info.path), "init": RANDOM_INIT_VERSION,
+                                                   "sha256": _file_hashes(tmp)}))
     except BaseException:  # a full disk or Ctrl-C: no half-written .tmp directory stays behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +55,7 @@ def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: boo
 
 
 _TOKENIZERS: dict[str, object] = {}
+_TOKENIZER_LOCK = threading.Lock()
 
 
 def check_prompt_lengths(topology: Topology, prompts: list[str]) -> None:
@@ -61,11 +63,12 @@ def check_prompt_lengths(topology: Topology, prompts: list[str]) -> None:
     start: more tokens than the model length (``InputProcessor._validate_prompt_len``), counted with the model's
     own tokenizer as vLLM counts them."""
     path = str(topology.model_path())
-    if path not in _TOKENIZERS:
-        from transformers import AutoTokenizer
+    with _TOKENIZER_LOCK:  # transformers' lazy imports are not safe when two threads import it at once
+        if path not in _TOKENIZERS:
+            from transformers import AutoTokenizer
 
-        _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
-    tok = _TOKENIZERS[path]
+            _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
+        tok = _TOKENIZERS[path]
     for i, p in enumerate(prompts):
         n = len(tok(p)["input_ids"])
         if n > topology.model_len:

@@ -421,7 +421,11 @@ def generate(topology: Topology, prompts: list[str], max_tokens: int = 32,
         g = mn.generate(prompts, max_tokens=max_tokens, timeout=timeout)
         mn.check_patches()
         g.topology.update(start_seconds=start, log=str(mn.log_dir), listening=mn.listening(),
+                          network=(f"private network namespace {mn.network.name} (loopback only; leader on a Unix "
+                                   "socket)") if mn.network else "the host's loopback addresses",
                           nodes=[{"rank": n.rank, "ip": n.ip, "cores": n.cores, "role": n.role} for n in mn.nodes])
+    if not mn.log_dir.exists():  # removed with the run (KIT_KEEP_RUNS=1 keeps it)
+        g.topology["log"] = None
     return g
 
 

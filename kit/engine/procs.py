@@ -172,6 +172,9 @@ class ManagedProcess:
         full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
         if env:
             full_env.update(env)
+        # Every process of the tree, and any that escapes it, carries the run's id in its environment: what fault
+        # tools and checks find a run's processes by (run_processes), never by a command-line pattern.
+        self.run_id = full_env.setdefault(RUN_ID_ENV, new_run_id())
         full_env["KIT_PARENT_PID"] = str(os.getpid())
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         # Under kit.engine.guard: if this process dies without its teardown, the guard still ends the tree.
@@ -433,6 +436,45 @@ def _title(p: psutil.Process) -> str:
     if cmd.startswith("VLLM::") or "EngineCore" in cmd:
         return cmd.split()[0]
     return p.name()
+
+
+RUN_ID_ENV = "KIT_RUN_ID"
+
+
+def new_run_id() -> str:
+    """A fresh run id (give it to a run as ``env={RUN_ID_ENV: id}`` to find its processes later)."""
+    import uuid
+
+    return uuid.uuid4().hex[:16]
+
+
+def run_processes(run_id: str) -> list[psutil.Process]:
+    """The live processes of a run: those whose environment carries ``KIT_RUN_ID=run_id`` (set by
+    :class:`ManagedProcess` and inherited by every descendant, and by any that left the tree), and their
+    descendants. Processes whose environment cannot be read (other users') are not the run's."""
+    found: dict[int, psutil.Process] = {}
+    for pid in psutil.pids():  # not process_iter: its shared cache of Process objects is not safe across threads
+        try:
+            p = psutil.Process(pid)
+            if pid != os.getpid() and p.environ().get(RUN_ID_ENV) == run_id:
+                found[pid] = p
+        except psutil.Error:
+            continue
+    # vLLM retitles its workers (setproctitle), which can overwrite the memory /proc/PID/environ shows: add the
+    # descendants of the processes found.
+    for p in list(found.values()):
+        try:
+            found.update({c.pid: c for c in p.children(recursive=True)})
+        except psutil.Error:
+            continue
+    out = []
+    for p in found.values():
+        try:
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
 
 
 def python_cmd(module: str, *args: str) -> list[str]:
