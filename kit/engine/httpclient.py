@@ -29,6 +29,14 @@ def client(uds: str | None = None) -> httpx.Client:
         return _CLIENTS[uds]
 
 
+def close_client(uds: str) -> None:
+    """Close and forget the client of a Unix-socket server that has stopped."""
+    with _LOCK:
+        c = _CLIENTS.pop(uds, None)
+    if c is not None:
+        c.close()
+
+
 def auth_headers(api_key: str | None) -> dict[str, str]:
     """The header a server started with ``api_key`` wants on every request but ``/health`` ({} without a key)."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -12,7 +12,7 @@ from kit.core.models import cache_dir
 from kit.core.net import free_port, port_is_free
 from kit.core.topology import Topology, TopologyError
 from kit.core.validate import check_api_key, check_seconds
-from kit.engine.httpclient import auth_headers, client, random_api_key
+from kit.engine.httpclient import auth_headers, client, close_client, random_api_key
 from kit.engine.launch import DEFAULT_START_TIMEOUT, check_patch_log, precheck
 from kit.engine.lifecycle import ProcessLifecycle
 from kit.engine.procs import ManagedProcess, ProcessFailed, is_loopback, python_cmd
@@ -136,6 +136,11 @@ class Server(ProcessLifecycle):
             self.failed = True
             self.stop()
             raise
+
+    def stop(self) -> None:
+        super().stop()
+        if self.uds:
+            close_client(self.uds)
 
     def post(self, path: str, body: dict, headers: dict | None = None, timeout: float = 120.0) -> dict:
         """POST a JSON body and return the JSON answer (``httpx.HTTPStatusError`` on an HTTP error)."""
