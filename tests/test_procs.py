@@ -93,23 +93,36 @@ _SHM_TREE = ("import os, signal, sys, time, uuid\n"
              "kept = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)\n"
              "resource_tracker.unregister('/' + name, 'shared_memory')  # only the guard may clean it now\n"
              "print('segment', name, flush=True)\n"
+             "time.sleep(1.5)  # held a while, as vLLM's rings are for the whole run: the guard sees it held\n"
              "os.kill(os.getpid(), signal.SIGKILL)  # as the guard's teardown does to vLLM's workers\n")
 
 
 def test_guard_removes_the_shared_memory_a_killed_tree_left(tmp_path):
-    """A SIGKILLed process cannot unlink its /dev/shm segments; the guard removes the ones it left behind."""
+    """A SIGKILLed process cannot unlink its /dev/shm segments; the guard removes the ones its tree held, and
+    leaves alone an entry of the same kind and owner that appeared meanwhile but that its tree never held
+    (another run's, not opened yet): cleanup by what the run held, not by name or time."""
 
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
-    out = subprocess.run([sys.executable, "-m", "kit.engine.guard", "--", sys.executable, "-c", _SHM_TREE],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60,
-                         start_new_session=True)  # the guard ends its whole process group, as under kit.engine.procs
-    name = out.stdout.split("segment")[1].split()[0]
-    leftover = os.path.exists(f"/dev/shm/{name}")
-    if leftover:
-        os.unlink(f"/dev/shm/{name}")
-    assert out.returncode == 128 + signal.SIGKILL, (out.returncode, out.stderr[-500:])
-    assert not leftover, f"/dev/shm/{name} was left behind by the killed tree"
+    guarded = subprocess.Popen([sys.executable, "-m", "kit.engine.guard", "--", sys.executable, "-c", _SHM_TREE],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # the guard ends its whole process group, as under procs
+    other = f"/dev/shm/psm_kittest_other_{os.getpid()}"
+    try:
+        name = guarded.stdout.readline().split()[1]
+        with open(other, "wb") as f:  # made while the guard runs, by no process of its tree, held by none
+            f.write(b"x")
+        rc = guarded.wait(timeout=60)
+        leftover = os.path.exists(f"/dev/shm/{name}")
+        if leftover:
+            os.unlink(f"/dev/shm/{name}")
+        assert rc == 128 + signal.SIGKILL, (rc, guarded.stderr.read()[-500:])
+        assert not leftover, f"/dev/shm/{name} was left behind by the killed tree"
+        assert os.path.exists(other), "the guard removed an entry its tree never held"
+    finally:
+        guarded.kill()
+        if os.path.exists(other):
+            os.unlink(other)
 
 
 
@@ -125,6 +138,7 @@ _SEM_TREE = textwrap.dedent("""
     before = set(os.listdir("/dev/shm"))
     lock = mp.get_context("spawn").Lock()
     print("semaphore", *(set(os.listdir("/dev/shm")) - before), flush=True)
+    time.sleep(1.5)                         # held a while: the guard sees its tree hold it
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.05)
     os.kill(os.getpid(), signal.SIGKILL)

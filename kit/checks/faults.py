@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +36,8 @@ from kit.checks.faults_table import render
 from kit.core.models import REPO_ROOT, cache_dir
 from kit.core.results import machine, versions
 from kit.engine.procs import (RUN_ID_ENV, leftover_temp_entries, leftover_vllm_processes, new_run_id, run_processes,
-                              vllm_temp_entries)
+                              tree_tmp_prefix, vllm_temp_entries)
+from kit.engine.shm import SHM_DIR, ShmWatch
 
 JSONL = REPO_ROOT / "docs" / "results" / "faults.jsonl"
 DOC = REPO_ROOT / "docs" / "results" / "faults.md"
@@ -130,18 +132,23 @@ def measure(row: Row) -> dict:
     """Run one row and the leak checks after it; remove what it left (after recording it)."""
     t0, before, start = time.time(), vllm_temp_entries(), time.monotonic()
     # Every process the row starts (in this process, or in a caller it starts) carries the row's run id, unless
-    # the row gives a run its own (also remembered): the cleanup below touches those runs only.
+    # the row gives a run its own (also remembered): the cleanup below touches those runs only, and the /dev/shm
+    # entries their processes were seen holding (ShmWatch), never entries found by name or time.
+    earlier = set(_RUN_IDS)
     saved = os.environ.get(RUN_ID_ENV)
     os.environ[RUN_ID_ENV] = row_run_id()
+    shm = ShmWatch(lambda: [p.pid for rid in _RUN_IDS - earlier for p in run_processes(rid)]).start()
     try:
         res = row.run()
     except Exception as e:  # noqa: BLE001 - a row that breaks is recorded as such, not hidden
         res = {"seconds": None, "line": f"row failed: {type(e).__name__}: {_first_line(e)}", "outcome": "error"}
     finally:
+        shm.stop()
         if saved is None:
             os.environ.pop(RUN_ID_ENV, None)
         else:
             os.environ[RUN_ID_ENV] = saved
+    ours = tuple(tree_tmp_prefix(rid) for rid in _RUN_IDS - earlier)
     # This process's ancestors (the shell, flock) are never leftovers, whatever their command lines say.
     mine = {p.pid for p in psutil.Process().parents()}
     deadline = time.monotonic() + 30
@@ -149,14 +156,17 @@ def measure(row: Row) -> dict:
         procs = leftover_vllm_processes(exclude=mine, since=t0, owner=os.getpid())
         procs += [f"{p.pid} {' '.join(p.cmdline())[:160]}" for p in res.pop("tree_procs", [])
                   if _alive(p) and not any(x.startswith(f"{p.pid} ") for x in procs)]
-        files = leftover_temp_entries(before)
-        if not (procs or files) or time.monotonic() > deadline:
+        # Temp entries new since the row began are reported (the rows run under the vLLM lock), but only the
+        # folders of the row's own trees are removed below.
+        temp = [f for f in leftover_temp_entries(before) if not f.startswith(SHM_DIR + "/")]
+        shm_left = shm.left()
+        if not (procs or temp or shm_left) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     res.update({
         "row": row.name, "fault": row.fault, "phase": row.phase, "how": row.how,
-        "leftover_processes": procs, "leftover_shm": [f for f in files if f.startswith("/dev/shm/")],
-        "leftover_temp": [f for f in files if not f.startswith("/dev/shm/")],
+        "leftover_processes": procs, "leftover_shm": [f"{SHM_DIR}/{n}" for n in shm_left],
+        "leftover_temp": temp,
         "row_seconds": round(time.monotonic() - start, 1),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t0)),
     })
@@ -167,11 +177,10 @@ def measure(row: Row) -> dict:
                 p.kill()
             except psutil.Error:
                 pass
-    for f in files:
-        try:
-            os.unlink(f) if not os.path.isdir(f) else __import__("shutil").rmtree(f, ignore_errors=True)
-        except OSError:
-            pass
+    shm.remove()
+    for f in temp:
+        if ours and os.path.basename(f).startswith(ours):
+            shutil.rmtree(f, ignore_errors=True)
     return res
 
 
@@ -184,14 +193,19 @@ def _alive(p: psutil.Process) -> bool:
 
 # -- callers in their own process ------------------------------------------------------------------------
 
+_SIGINT_DEFAULT_EXEC = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                        "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
 class Caller:
     """A caller process (``kit ...`` or :func:`caller_main`) whose output lines are read with their times."""
 
     def __init__(self, argv: list[str], env: dict[str, str] | None = None):
-        # SIGINT back to its default in the child, so that Python installs its KeyboardInterrupt handler even
-        # when this process runs as a shell's background job (which starts it ignored).
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # SIGINT back to its default before the caller starts, so that Python installs its KeyboardInterrupt
+        # handler even when this process runs as a shell's background job (which starts it ignored). A small exec
+        # wrapper does it, not preexec_fn (unsafe while this process runs threads).
+        self.proc = subprocess.Popen([sys.executable, "-c", _SIGINT_DEFAULT_EXEC, *argv], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
                                      env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "KIT_QUIET": "1",
                                           **(env or {})})
         self.lines: list[tuple[float, str]] = []
@@ -442,8 +456,6 @@ def _port_master() -> dict:
 def _disk_full() -> dict:
     """The cache folder (random checkpoint, engine log, result file) on a 32 MiB tmpfs in the caller's own
     mount namespace; the caller fills it once its engine generates (``caller_main('disk-full')``)."""
-    import shutil
-
     unshare = shutil.which("unshare")
     if not unshare:
         return {"seconds": None, "line": "not run: no unshare(1)", "outcome": "skipped"}

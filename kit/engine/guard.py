@@ -10,9 +10,10 @@ waits a short grace period, then SIGKILLs the whole group.
 
 A tree killed that way cannot unlink its POSIX shared memory: vLLM's shm broadcast rings (``/dev/shm/psm_*``,
 240 MiB each), its ``vllm*`` segments and multiprocessing semaphores (``sem.mp-*``) stay in ``/dev/shm`` (seen:
-~900 entries after a day of runs). So the guard also removes the entries that appeared in ``/dev/shm`` while it
-ran and that no live process has open or mapped any more, and the tree's own temp folder (``KIT_TREE_TMPDIR``,
-where vLLM's ipc sockets went).
+~900 entries after a day of runs). So the guard also removes the entries in ``/dev/shm`` that its tree made: those
+ran that its own tree was seen holding and that no live process has open or mapped any more
+(:class:`kit.engine.shm.ShmWatch`), and the tree's own temp folder (``KIT_TREE_TMPDIR``, where vLLM's ipc sockets
+went).
 """
 from __future__ import annotations
 
@@ -23,15 +24,7 @@ import sys
 import time
 
 GRACE_SECONDS = 10.0
-SHM_DIR = "/dev/shm"
-# What vLLM and Python's multiprocessing create there; nothing else is touched.
-SHM_PREFIXES = ("psm_", "vllm", "sem.mp-")
-SHM_INFIX = "-cpushm"  # the CPU PP communicator's segments: `<id>-pp:<group>-cpushm_<rank>`
-
-
-def is_vllm_shm(name: str) -> bool:
-    """A /dev/shm entry of the kinds vLLM (and multiprocessing) create."""
-    return name.startswith(SHM_PREFIXES) or SHM_INFIX in name
+from kit.engine.shm import ShmWatch
 # The tree's own temp folder (TMPDIR, VLLM_RPC_BASE_PATH: vLLM's ipc sockets and vllm_dist_* files), made by
 # kit.engine.procs.ManagedProcess and named in this variable; removed here when the tree has ended.
 TREE_TMP_ENV = "KIT_TREE_TMPDIR"
@@ -47,9 +40,9 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
     except Exception:
         pass
-    shm_before = _shm_entries()
     env = dict(os.environ, KIT_PARENT_PID=str(os.getpid()))  # the command's parent is now the guard
     child = subprocess.Popen(cmd, env=env)
+    shm = ShmWatch(_group_pids).start()  # what the tree holds in /dev/shm: the only entries removed at the end
     stopping: list[float] = []
 
     def on_term(signum, frame) -> None:
@@ -76,9 +69,10 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
             break
     rc = child.returncode if child.returncode is not None else 1
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    shm.stop()
     _kill_rest_of_group()
     _wait_group_gone(2.0)
-    _remove_orphan_shm(shm_before)
+    shm.remove()
     _remove_tree_tmp()
     os._exit(rc if rc >= 0 else 128 - rc)
 
@@ -125,69 +119,16 @@ def _wait_group_gone(timeout: float) -> None:
         time.sleep(0.05)
 
 
-def _shm_entries() -> set[str]:
-    try:
-        return {n for n in os.listdir(SHM_DIR) if is_vllm_shm(n)}
-    except OSError:
-        return set()
-
-
-def _shm_in_use() -> set[str]:
-    """Names under /dev/shm that some live process has open or mapped.
-
-    Matched by inode, not only by name: a POSIX semaphore is created under a temporary name that glibc maps and
-    then links to its final name (``sem.mp-*``) and unlinks, so its creator's maps show ``/dev/shm/sem.XXXXXX
-    (deleted)`` and never the final name. By name alone a semaphore that a spawned child has not opened yet looks
-    unused, and a guard ending beside a starting run removed it (the child then failed in ``SemLock._rebuild``
-    with ``FileNotFoundError``)."""
-    used: set[str] = set()
-    inodes: set[int] = set()
-    prefix = SHM_DIR + "/"
+def _group_pids() -> list[int]:
+    """Every process in our process group (the guard and its tree), from /proc."""
+    group, out = os.getpgid(0), []
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
         try:
-            with open(f"/proc/{pid}/maps") as f:
-                for line in f:
-                    i = line.find(prefix)
-                    if i >= 0:
-                        used.add(line[i + len(prefix):].split()[0])
-                        fields = line.split()
-                        if len(fields) > 4 and fields[4].isdigit():
-                            inodes.add(int(fields[4]))
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                    if target.startswith(prefix):
-                        used.add(target[len(prefix):].split()[0])
-                        inodes.add(os.stat(f"/proc/{pid}/fd/{fd}").st_ino)
-                except OSError:
-                    continue
+            if pid.isdigit() and os.getpgid(int(pid)) == group:
+                out.append(int(pid))
         except OSError:
             continue
-    try:
-        with os.scandir(SHM_DIR) as it:
-            used.update(e.name for e in it if e.inode() in inodes)
-    except OSError:
-        pass
-    return used
-
-
-def _remove_orphan_shm(before: set[str]) -> list[str]:
-    """Unlink the /dev/shm entries created since ``before`` that are ours and no process uses."""
-    new = _shm_entries() - before
-    if not new:
-        return []
-    used, uid, removed = _shm_in_use(), os.getuid(), []
-    for name in sorted(new - used):
-        path = os.path.join(SHM_DIR, name)
-        try:
-            if os.stat(path).st_uid == uid:
-                os.unlink(path)
-                removed.append(name)
-        except OSError:
-            continue
-    return removed
+    return out
 
 
 def command(cmd: list[str]) -> list[str]:

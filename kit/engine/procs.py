@@ -26,8 +26,9 @@ from typing import Any, Callable, TypeVar
 
 import psutil
 
-from kit.engine.guard import SHM_DIR, TREE_TMP_ENV, TREE_TMP_PREFIX, is_vllm_shm
+from kit.engine.guard import TREE_TMP_ENV, TREE_TMP_PREFIX
 from kit.engine.guard import command as guard_command
+from kit.engine.shm import SHM_DIR, in_use, is_vllm_shm
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 T = TypeVar("T")
@@ -163,18 +164,19 @@ class ManagedProcess:
         self.name = name
         self.log_path = Path(log_path) if log_path else None
         full_env = dict(os.environ)
+        # Every process of the tree, and any that escapes it, carries the run's id in its environment: what fault
+        # tools and checks find a run's processes (run_processes) and its temp folder by, never a command line.
+        self.run_id = (env or {}).get(RUN_ID_ENV) or full_env.get(RUN_ID_ENV) or new_run_id()
         # The tree's own temp folder: vLLM puts its ZMQ ipc sockets (VLLM_RPC_BASE_PATH, default the temp dir) and
         # its file-store rendezvous (vllm_dist_*) under tempfile.gettempdir() and never removes them (seen:
         # thousands of /tmp/<uuid> sockets). The guard removes the folder when the tree ends; terminate() too.
-        self.tmpdir = tempfile.mkdtemp(prefix=TREE_TMP_PREFIX)
+        self.tmpdir = tempfile.mkdtemp(prefix=tree_tmp_prefix(self.run_id))
         full_env.update({"TMPDIR": self.tmpdir, "VLLM_RPC_BASE_PATH": self.tmpdir, TREE_TMP_ENV: self.tmpdir})
         # torch.compile's cache stays where it was (it is keyed by content, and worth keeping across runs).
         full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
         if env:
             full_env.update(env)
-        # Every process of the tree, and any that escapes it, carries the run's id in its environment: what fault
-        # tools and checks find a run's processes by (run_processes), never by a command-line pattern.
-        self.run_id = full_env.setdefault(RUN_ID_ENV, new_run_id())
+        full_env[RUN_ID_ENV] = self.run_id
         full_env["KIT_PARENT_PID"] = str(os.getpid())
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         # Under kit.engine.guard: if this process dies without its teardown, the guard still ends the tree.
@@ -207,10 +209,10 @@ class ManagedProcess:
                 procs[c.pid] = c
         except psutil.NoSuchProcess:
             pass
-        for p in psutil.process_iter(["pid"]):
+        for pid in psutil.pids():  # not process_iter: its shared cache is not safe across threads
             try:
-                if os.getpgid(p.pid) == self.pid:
-                    procs[p.pid] = p
+                if pid not in procs and os.getpgid(pid) == self.pid:
+                    procs[pid] = psutil.Process(pid)
             except (ProcessLookupError, PermissionError, psutil.Error, OSError):
                 continue
         return list(procs.values())
@@ -401,8 +403,6 @@ def vllm_temp_entries() -> set[str]:
 def leftover_temp_entries(before: set[str]) -> list[str]:
     """Entries of :func:`vllm_temp_entries` that appeared since ``before`` and that no live process uses (a
     socket still bound, a shared-memory segment still open or mapped): what a run left behind."""
-    from kit.engine.guard import _shm_in_use
-
     new = vllm_temp_entries() - before
     if not new:
         return []
@@ -411,7 +411,7 @@ def leftover_temp_entries(before: set[str]) -> list[str]:
             bound = {line.split()[-1] for line in f.readlines()[1:] if len(line.split()) >= 8}
     except OSError:
         bound = set()
-    shm = _shm_in_use()
+    shm = in_use()
     prefix = SHM_DIR + "/"
     return sorted(e for e in new if e not in bound and not (e.startswith(prefix) and e[len(prefix):] in shm))
 
@@ -439,6 +439,11 @@ def _title(p: psutil.Process) -> str:
 
 
 RUN_ID_ENV = "KIT_RUN_ID"
+
+
+def tree_tmp_prefix(run_id: str) -> str:
+    """The name every temp folder of a tree of run ``run_id`` starts with (``kit-tmp-<run id>-``)."""
+    return f"{TREE_TMP_PREFIX}{run_id}-"
 
 
 def new_run_id() -> str:

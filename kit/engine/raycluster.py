@@ -36,7 +36,7 @@ from pathlib import Path
 import psutil
 
 from kit.core.net import free_ports, local_node_ip
-from kit.engine.guard import _remove_orphan_shm, _shm_entries
+from kit.engine.shm import ShmWatch
 from kit.engine.lifecycle import Lifecycle
 from kit.engine.procs import ManagedProcess
 
@@ -145,8 +145,8 @@ class LocalRayCluster(Lifecycle):
         # Ray puts Unix sockets under the temp dir: keep the path short (< 108 bytes for AF_UNIX).
         self.temp_dir = self.temp_dir or tempfile.mkdtemp(prefix="kitray-", dir="/tmp")
         # vLLM's workers run inside the nodes' Ray workers, outside any kit.engine.guard tree: the shared memory they
-        # leave (the CPU PP communicator's `<id>-pp:...-cpushm_*`) is removed when the cluster stops.
-        self._shm_before = _shm_entries()
+        # hold (the CPU PP communicator's `<id>-pp:...-cpushm_*`) is recorded and removed when the cluster stops.
+        self._shm = ShmWatch(lambda: [p.pid for p in self._ours()]).start()
         self.started = True
         try:
             gcs_port = 0
@@ -295,10 +295,11 @@ class LocalRayCluster(Lifecycle):
                 for p in n.proc.tree():
                     found[p.pid] = p
         if self.temp_dir:
-            for p in psutil.process_iter(["pid", "cmdline"]):
+            for pid in psutil.pids():  # not process_iter: its shared cache is not safe across threads (ShmWatch)
                 try:
-                    if self.temp_dir in " ".join(p.info["cmdline"] or []):
-                        found[p.pid] = p
+                    p = psutil.Process(pid)
+                    if self.temp_dir in " ".join(p.cmdline()):
+                        found[pid] = p
                 except psutil.Error:
                     continue
         # Ray workers are children of raylets; include descendants of everything found.
@@ -332,6 +333,8 @@ class LocalRayCluster(Lifecycle):
         """End the nodes this object started (nothing when attached). Returns what had to be SIGKILLed."""
         if not self.started:
             return []
+        if getattr(self, "_shm", None) is not None:
+            self._shm.stop()  # a last look while the nodes are alive
         procs = self._ours()
         # Worker nodes first, then the head: SIGTERM to each `ray start --block` lets it stop its children.
         for n in reversed(self.nodes):
@@ -356,7 +359,8 @@ class LocalRayCluster(Lifecycle):
             if n.proc is not None:
                 n.proc.terminate(grace=2.0)
         self.started = False
-        _remove_orphan_shm(getattr(self, "_shm_before", _shm_entries()))
+        if getattr(self, "_shm", None) is not None:
+            self._shm.remove()
         if not self.keep_logs and self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         if self._own_network:
