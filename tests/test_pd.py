@@ -409,7 +409,6 @@ def test_pd_tree_listens_on_loopback_only_and_wants_its_api_key(no_leftovers):
 
     import psutil
 
-    from kit.engine.httpclient import client
     from kit.engine.procs import is_loopback, listening_sockets
 
     m, r = _model()
@@ -434,8 +433,8 @@ def test_pd_tree_listens_on_loopback_only_and_wants_its_api_key(no_leftovers):
         assert not outside, outside
         for srv in (pair.producer, pair.consumer):
             body = {"model": pair.model_name["producer"], "prompt": "x", "max_tokens": 1}
-            assert client().post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 401
-            assert client().get(srv.url + "/v1/models", timeout=30).status_code == 401
+            assert srv.http().post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 401
+            assert srv.http().get(srv.url + "/v1/models", timeout=30).status_code == 401
             # Every route of the live server, requested without the key: 401 but the liveness probe.
             routes = srv.routes()
             assert len(routes) > 20 and ("POST", "/invocations") in routes, routes

@@ -1,5 +1,5 @@
-"""HTTP to the pair's vLLM servers through the kit's one ``httpx`` client (:mod:`kit.engine.httpclient`): one POST
-helper, the server-sent-event stream.
+"""HTTP to the pair's vLLM servers (on their Unix sockets) and to vllm-router through the kit's ``httpx`` clients
+(:mod:`kit.engine.httpclient`, ``srv.http()``): one POST helper, the server-sent-event stream.
 
 Every call names the server it went to and turns transport failures, timeouts and HTTP errors into a
 :class:`PDError` whose message says which step failed; a caller watching the servers (``PDPair._watched``)
@@ -16,7 +16,6 @@ from typing import Any, Iterator
 import httpx
 
 from kit.engine import Server
-from kit.engine.httpclient import client as _client
 
 
 class PDError(RuntimeError):
@@ -27,11 +26,11 @@ def get(srv: Server, path: str, timeout: float = 30.0, attempts: int = 5) -> byt
     """GET with a few retries on a refused or dropped connection (seen right after start-up on a loaded machine)."""
     for i in range(attempts):
         try:
-            r = _client().get(srv.url + path, headers=srv.auth_headers(), timeout=timeout)
+            r = srv.http().get(srv.url + path, headers=srv.auth_headers(), timeout=timeout)
         except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as e:
             if i == attempts - 1:
                 raise PDError(f"GET {path} on {srv.name} failed {attempts} times: {e!r}") from None
-            print(f"kit.pd: GET {srv.url}{path}: {e!r}, retrying", file=sys.stderr, flush=True)
+            print(f"kit.pd: GET {srv.where}{path}: {e!r}, retrying", file=sys.stderr, flush=True)
             time.sleep(1.0)
             continue
         except httpx.TimeoutException as e:
@@ -51,7 +50,7 @@ def model_id(srv: Server) -> str:
 def _post(srv: Server, path: str, body: dict, headers: dict | None, timeout: float, what: str) -> Iterator[httpx.Response]:
     """The one POST: a JSON body, the response open for reading; failures (also while reading) as PDError."""
     try:
-        with _client().stream("POST", srv.url + path, json=body, headers={**srv.auth_headers(), **(headers or {})},
+        with srv.http().stream("POST", srv.url + path, json=body, headers={**srv.auth_headers(), **(headers or {})},
                               timeout=timeout) as r:
             if r.status_code != 200:
                 r.read()

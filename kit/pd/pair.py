@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -119,6 +120,7 @@ class PDPair(Lifecycle):
         self._ports: set[int] = set()
         self.producer: Server | None = None
         self.consumer: Server | None = None
+        self.uds_dir: str | None = None
         self.side_channel_ports: dict[str, int] = {}
         self.start_seconds: dict[str, float] = {}
         self.block_size: int | None = None
@@ -148,10 +150,13 @@ class PDPair(Lifecycle):
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(topo.pp * topo.tp, mine)
         env.update(self.env)
         self.server_env[role] = env
-        http_port = self._free_port()
         self.served_topology[role] = served = as_served(topo, self.kv_extra_config)
-        return Server(served, port=http_port, env=env, log_path=self.log_dir / f"{role}.log", name=role, in_pair=True,
-                      api_key=self.api_key)
+        # Each server's HTTP on a Unix socket in a folder of mode 0700: this user's processes only, and a socket
+        # vllm-router reaches from its private network through kit.engine.bridge (kit.pd.vllm_router).
+        if self.uds_dir is None:
+            self.uds_dir = tempfile.mkdtemp(prefix="kit-uds-")
+        return Server(served, env=env, log_path=self.log_dir / f"{role}.log", name=role, in_pair=True,
+                      api_key=self.api_key, uds=os.path.join(self.uds_dir, f"{role}.sock"))
 
     def start(self) -> "PDPair":
         # Write a random checkpoint once, before two processes race to write it.
@@ -271,6 +276,9 @@ class PDPair(Lifecycle):
         for th in self._threads:
             th.join(timeout=10)
         self._threads = []
+        if self.uds_dir:
+            shutil.rmtree(self.uds_dir, ignore_errors=True)
+            self.uds_dir = None
         self.release_run_dir()
 
     def describe(self) -> dict:
@@ -279,8 +287,8 @@ class PDPair(Lifecycle):
                 "producer": self.producer_topology.describe(), "consumer": self.consumer_topology.describe(),
                 "producer_kv_transfer_config": self._served_kv("producer"),
                 "consumer_kv_transfer_config": self._served_kv("consumer"),
-                "producer_url": self.producer.url if self.producer else None,
-                "consumer_url": self.consumer.url if self.consumer else None,
+                "producer_url": self.producer.where if self.producer else None,
+                "consumer_url": self.consumer.where if self.consumer else None,
                 "side_channel_ports": dict(self.side_channel_ports), "start_seconds": dict(self.start_seconds),
                 "omp_threads_bind": {r: e.get("VLLM_CPU_OMP_THREADS_BIND") for r, e in self.server_env.items()},
                 "block_size": self.block_size, "logs": {"producer": str(self.log_dir / "producer.log"),

@@ -7,6 +7,13 @@ asking for a remote decode, then the original request to the consumer with the r
 started pair (a managed process with its own log), and routes prompts through it; the KV bytes are read
 from the same NIXL counters as the kit's own router (:meth:`PDPair.complete_many` with ``route=``).
 
+Closed: vllm-router 0.1.17 checks no API key on its inbound side, so the kit never puts it on the host's
+network. It runs in a private network namespace of its own (:class:`~kit.engine.netns.PrivateNetwork`) with a
+:mod:`kit.engine.bridge` beside it: the bridge passes the router's calls to the pair's servers (which serve on
+Unix sockets in a 0700 folder) and serves the router to the kit on a Unix socket of its own, answering every route
+but ``/health`` only with the pair's API key. Where no namespace can be made (not root, no iproute2) ``auto``
+takes the kit's router and ``vllm-router`` is refused.
+
 What it cannot do, and why the kit keeps its own router for it (:func:`choose_router`):
 
 - push pairs with a PP>1 producer: vllm-router 0.1.17 rebuilds a push producer's ``kv_transfer_params`` and drops
@@ -21,6 +28,7 @@ What it cannot do, and why the kit keeps its own router for it (:func:`choose_ro
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shlex
 import shutil
 import sys
@@ -31,10 +39,10 @@ from pathlib import Path
 
 import httpx
 
-from kit.core.net import free_port
 from kit.core.topology import TopologyError
 from kit.core.validate import check_choice
-from kit.engine.httpclient import client
+from kit.engine import bridge, netns
+from kit.engine.httpclient import auth_headers, client, close_client
 from kit.engine.lifecycle import ProcessLifecycle
 from kit.engine.procs import ManagedProcess
 from kit.pd.client import PDError, post_json, stream_completion
@@ -54,6 +62,10 @@ def choose_router(router: str, connector: str, producer_pp: int) -> tuple[str, s
     producer for PP=1 (``docs/findings.md#vllm-router-in-front-of-nixl-pairs``).
     """
     check_choice(router, ROUTERS, "router")
+    closed = why_not_closed()
+    if router == "vllm-router" and closed:
+        raise TopologyError(f"vllm-router checks no API key on its inbound side and the kit cannot put it in a private "
+                            f"network here ({closed}): run as root, or use --router kit")
     if router == "vllm-router" and connector == "nixl-push" and producer_pp > 1:
         raise TopologyError(
             f"vllm-router cannot route this push pair (producer PP={producer_pp}): vllm-router 0.1.17 drops the "
@@ -61,10 +73,17 @@ def choose_router(router: str, connector: str, producer_pp: int) -> tuple[str, s
             "PP=1 consumer counts one producer stage's write as all of them; use --router kit or auto")
     if router != "auto":
         return router, f"requested ({router})"
+    if connector == "nixl" and closed:
+        return "kit", f"pull connector, but vllm-router would be open to every local user here ({closed})"
     if connector == "nixl":
         return "vllm-router", "pull connector: vLLM's PD router (vllm-router) makes the prefill and decode calls"
     return "kit", ("push connector: vllm-router 0.1.17 drops the producer's pp_size from a push handoff's "
                    "kv_transfer_params, so the kit's router (which passes them unchanged) makes the two calls")
+
+
+def why_not_closed() -> str | None:
+    """Why vllm-router cannot run closed, in a private network, here (None: it can)."""
+    return netns.unavailable()
 
 
 def router_version() -> str | None:
@@ -86,9 +105,9 @@ def router_binary() -> str:
 
 def router_command(prefill_url: str, decode_url: str, port: int, prometheus_port: int, request_timeout: float,
                    start_timeout: float) -> list[str]:
-    """``vllm-router`` in vLLM PD mode for one prefill and one decode server, on loopback: NIXL, round robin, no
-    retries (a retried prefill would hand over a second copy of the KV), no circuit breaker, its Prometheus port
-    off the fixed default 29000, the workers' health polled every second at start."""
+    """``vllm-router`` in vLLM PD mode for one prefill and one decode server, on loopback (its private network's,
+    or the host's): NIXL, round robin, no retries (a retried prefill would hand over a second copy of the KV), no
+    circuit breaker, an explicit Prometheus port, the workers' health polled every second at start."""
     return [router_binary(), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
             "--prefill", prefill_url, "--decode", decode_url,
             "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(prometheus_port),
@@ -100,10 +119,26 @@ def router_command(prefill_url: str, decode_url: str, port: int, prometheus_port
 
 @dataclass
 class _Endpoint:
-    """What :mod:`kit.pd.client` needs of a server: its URL and a name for messages."""
+    """What :mod:`kit.pd.client` needs of a server: its URL, its HTTP client, its key and a name for messages."""
 
     url: str
+    uds: str | None = None
+    api_key: str | None = None
     name: str = "vllm-router"
+
+    @property
+    def where(self) -> str:
+        return f"unix:{self.uds}" if self.uds else self.url
+
+    def http(self):
+        return client(self.uds)
+
+    def auth_headers(self) -> dict[str, str]:
+        return auth_headers(self.api_key)
+
+
+# Inside the router's own network every port is free: fixed ones (no race with other runs).
+_INSIDE = {"producer": 8100, "consumer": 8200, "router": 8300, "prometheus": 8400}
 
 
 class VllmRouter(ProcessLifecycle):
@@ -111,38 +146,57 @@ class VllmRouter(ProcessLifecycle):
 
     def __init__(self, pair: PDPair, log_path: Path | str | None = None,
                  start_timeout: float = DEFAULT_ROUTER_START_TIMEOUT, api_key: str | None = None):
-        """``api_key``: the key the pair's servers require, if any. vllm-router 0.1.17 sends its own
+        """``api_key``: the key the pair's servers require (default: the pair's). vllm-router 0.1.17 sends its own
         ``OPENAI_API_KEY`` environment variable as the bearer token of both PD calls (not the client's
-        ``Authorization`` header, nor ``--api-key``), so the key goes to the router's environment."""
+        ``Authorization`` header, nor ``--api-key``), so the key goes to the router's environment; the bridge in
+        front of it asks every request for the same key."""
         if pair.producer is None or pair.consumer is None:
             raise PDError("start the pair before its router (use VllmRouter inside `with pair:`)")
+        if why := why_not_closed():
+            raise TopologyError(f"vllm-router cannot run closed here ({why}): use the kit's router")
         self.pair = pair
+        self.api_key = api_key or pair.api_key
         self.log_path = Path(log_path) if log_path else pair.log_dir / "vllm-router.log"
         self.start_timeout = start_timeout
-        self.port = free_port()
-        self.endpoint = _Endpoint(f"http://127.0.0.1:{self.port}")
-        self.env = {"OPENAI_API_KEY": api_key} if api_key else {}
+        self.port = _INSIDE["router"]
+        self.endpoint = _Endpoint("http://localhost", uds=os.path.join(pair.uds_dir, "router.sock"),
+                                  api_key=self.api_key)
+        self.env = {"OPENAI_API_KEY": self.api_key}
+        self.network: netns.PrivateNetwork | None = None
+        self.bridge: ManagedProcess | None = None
         self.proc: ManagedProcess | None = None
         self.start_seconds: float | None = None
         self.command_line: str | None = None
 
     def command(self) -> list[str]:
-        """The router's command line for this pair (:func:`router_command`)."""
-        return router_command(self.pair.producer.url, self.pair.consumer.url, self.port, free_port(),
-                              self.pair.request_timeout, self.start_timeout)
+        """The router's command line for this pair (:func:`router_command`), the servers as the router sees them:
+        the bridge's ports in the router's network."""
+        return router_command(f"http://127.0.0.1:{_INSIDE['producer']}", f"http://127.0.0.1:{_INSIDE['consumer']}",
+                              self.port, _INSIDE["prometheus"], self.pair.request_timeout, self.start_timeout)
+
+    def _start_bridge(self) -> None:
+        """The router's network and the bridge in it (:mod:`kit.engine.bridge`)."""
+        self.network = netns.PrivateNetwork().start()
+        cmd = [sys.executable, "-m", "kit.engine.bridge", "--http", f"{self.endpoint.uds}=127.0.0.1:{self.port}"]
+        for role, srv in (("producer", self.pair.producer), ("consumer", self.pair.consumer)):
+            cmd += ["--tcp", f"127.0.0.1:{_INSIDE[role]}={srv.uds}"]
+        self.bridge = ManagedProcess(self.network.prefix() + cmd, env={bridge.KEY_ENV: self.api_key},
+                                     log_path=self.log_path.with_name("vllm-router-bridge.log"), name="bridge")
 
     def start(self) -> "VllmRouter":
         t0 = time.monotonic()
         cmd = self.command()
         self.command_line = shlex.join(cmd)
-        self.proc = ManagedProcess(cmd, env=self.env, log_path=self.log_path, name="vllm-router")
         deadline = t0 + self.start_timeout
         try:
+            self._start_bridge()
+            self.proc = ManagedProcess(self.network.prefix() + cmd, env=self.env, log_path=self.log_path, name="vllm-router")
             while True:
-                if not self.proc.alive():
-                    raise PDError(str(self.proc.fail(f"exited with code {self.proc.popen.returncode} during start-up")))
+                for p in (self.proc, self.bridge):
+                    if p is not None and not p.alive():
+                        raise PDError(str(p.fail(f"exited with code {p.popen.returncode} during start-up")))
                 try:
-                    if client().get(self.endpoint.url + "/health", timeout=2).status_code == 200:
+                    if self.endpoint.http().get(self.endpoint.url + "/health", timeout=2).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
@@ -154,6 +208,23 @@ class VllmRouter(ProcessLifecycle):
             raise
         self.start_seconds = round(time.monotonic() - t0, 2)
         return self
+
+    def stop(self) -> None:
+        super().stop()
+        if self.bridge is not None:
+            self.bridge.terminate(grace=2.0)
+            self.bridge = None
+        if self.endpoint.uds:
+            close_client(self.endpoint.uds)
+        if self.network is not None:
+            self.network.stop()
+            self.network = None
+
+    def open_routes(self, paths: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """Which of ``paths`` answer a request without the key, with their HTTP status (closed: ``GET /health``)."""
+        answers = {(m, p): self.endpoint.http().request(m, self.endpoint.url + p, timeout=30).status_code
+                   for m, p in paths}
+        return {k: code for k, code in answers.items() if code != 401}
 
     def complete(self, prompt: str, max_tokens: int = 32, stream: bool = False, index: int = 0,
                  request_id: str | None = None) -> PDRequest:
