@@ -61,6 +61,17 @@ def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | Non
     return measure_batches(topo, prompts, max_tokens, env=env)[len(prompts)]
 
 
+def parse_variants(specs: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """``--variant LABEL:KEY=VALUE[;KEY=VALUE]`` -> ``[(LABEL, {KEY: VALUE})]`` (one line and exit 2 when malformed)."""
+    out = []
+    for spec in specs:
+        label, sep, rest = spec.partition(":")
+        if not sep or not label.strip() or not rest:
+            raise TopologyError(f"--variant wants LABEL:KEY=VALUE[;KEY=VALUE], got {spec!r}")
+        out.append((label.strip(), parse_assignments(rest.split(";"), "--variant")))
+    return out
+
+
 def measure_batches(topo: Topology, prompts: list[str], max_tokens: int, env: dict | None = None,
                     batches: list[int] | None = None, timing: bool = False, trace: bool = False,
                     token_ids: bool = False) -> dict[int, dict]:
@@ -245,6 +256,9 @@ def register(sub) -> None:
                    help="PD pairs to add, PRODUCER_PP:SPEC>CONSUMER_PP:SPEC comma-separated, e.g. 1:none>1:none,1:mtp:2>1:mtp:2")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every engine (overrides the topology's), e.g. VLLM_CPU_OMP_THREADS_BIND=0")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[;KEY=VALUE]",
+                   help="also run every grid row with this environment, labelled [LABEL], interleaved with the rows "
+                        "without it, e.g. 'off:KIT_PATCHES=all,-pp_microbatches' (a patch off and on side by side)")
     p.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
     p.add_argument("--write", default=None, metavar="FILE",
                    help="also write the table into FILE (e.g. docs/results/bench.md), replacing this command's block")
@@ -304,11 +318,13 @@ def run(args: argparse.Namespace) -> int:
         return rc
     batches = check_counts(args.batch, "--batch") if args.batch else None
     timing = args.breakdown
+    variants = parse_variants(args.variant)
     cases = []
     for pp in ([] if args.only_extras or args.from_runs else check_counts(args.pp, "--pp")):
         for spec in args.spec.split(","):
-            cases.append((f"pp{pp} {spec}", Topology(**common, pp=pp, spec=None if spec == "none" else spec,
-                                                     enforce_eager=not args.compiled), None))
+            t = Topology(**common, pp=pp, spec=None if spec == "none" else spec, enforce_eager=not args.compiled)
+            cases.append((f"pp{pp} {spec}", t, None))
+            cases += [(f"pp{pp} {spec} [{name}]", t, env) for name, env in variants]
     if args.patch_cost and not args.from_runs:
         for pp in check_counts(args.patch_cost_pp, "--patch-cost-pp"):
             t = Topology(**common, pp=pp, enforce_eager=not args.compiled)

@@ -72,6 +72,7 @@ INDEX: tuple[str, ...] = (
     "spec_no_pad_fresh_prompt",
     # correctness of PP + speculation (V1 runner, sync scheduling)
     "pp_spec_schedule_gate",
+    "pp_microbatches",
     "pp_spec_token_history",
     "pp_spec_hybrid_accepted_count",
     "pp_spec_engine_step",      # opt-in
