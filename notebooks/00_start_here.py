@@ -37,7 +37,7 @@ PP = 2
 SPEC = "mtp:2"           # METHOD:K
 NUM_PROMPTS = 4
 MAX_TOKENS = 32
-BREAK_PATCHES = "all,-pp_spec_schedule_gate,-decode_side_pp_spec_rule"   # "break it": one correctness patch off
+BREAK_PATCHES = "all,-pp_spec_schedule_gate,-pp_microbatches,-decode_side_pp_spec_rule"   # "break it": the gate off
 SHOW_DOCTOR = True       # run `kit doctor` below (about 10 s; the report lists the versions anyway)
 
 # %%
@@ -116,8 +116,10 @@ claim(acc.num_accepted_tokens > 0 and acc.num_drafts < generated,
 # drafts such a request has nothing new to compute and is skipped; *with* drafts stock vLLM 0.32 schedules it
 # again, with the drafts at the wrong positions, and the last stage then reads another request's row of logits.
 # The kit's `pp_spec_schedule_gate` patch hides those drafts until the step is back. Predict what the same prompts
-# give with that patch off (`BREAK_PATCHES`; the decode-side rule is turned off with it, or the kit would refuse
-# the engine before it starts), then run it: one more engine, about 25 s on 2 cores.
+# give with that patch off, in vLLM's own step loop (`BREAK_PATCHES`: the kit's `pp_microbatches` is off too, since
+# with it the drafts come back only after the step's tokens and there is nothing left for the gate to hide; the
+# decode-side rule is off as well, or the kit would refuse the engine before it starts), then run it: one more
+# engine, about 25 s on 2 cores.
 #
 # <details><summary>Answer</summary>
 #

@@ -273,16 +273,17 @@ claim(err is not None and "has no attribute 'drafter'" in err,
 #
 # <details><summary>Answer</summary>
 #
-# Neither, on vLLM 0.32 with drafts and sync scheduling. Right after it submits a step, the engine core asks the
-# last rank for that step's drafts (`EngineCore.post_step` -> `take_draft_token_ids`), and the call waits until the
-# step has been sampled and drafted: the steps run one after another (the `drafts to the scheduler` lane). The
-# drafts reach the request *before* the step's sampled tokens are processed (`update_from_output` comes in the next
-# loop), so when the scheduler plans the next step the request still counts as in flight but already carries k
-# drafts. Stock vLLM then schedules it again, the drafts at the wrong positions, and the last stage reads another
-# request's logits (notebook 00 breaks it). The kit's `pp_spec_schedule_gate` hides those drafts while the request
-# is in flight, so it is skipped: the next step carries the other request, or nothing at all when every request rode
-# in the step in flight (an empty step: the PP stages idle while the drafts travel). The cell under the picture
-# checks all three.
+# On stock vLLM 0.32 with drafts and sync scheduling, neither: the scheduler puts both requests into every step, and
+# right after it submits a step the engine core asks the last rank for that step's drafts (`EngineCore.post_step`
+# -> `take_draft_token_ids`), a call that waits until the step has been sampled and drafted, so the steps run one
+# after another. The kit's `pp_microbatches` (on by default) changes the first answer to yes: the running requests
+# take turns in PP micro-batches (here one request each), and each step's drafts come back with its output instead
+# of through that waiting call, so rank 0 computes one request's step while the last rank still computes the other
+# request's. The second answer stays no: a request counts as in flight until its step's tokens and drafts are
+# back, and a request in flight is skipped, so the step after it carries the other request, or nothing at all (an
+# empty step). On stock vLLM the drafts reach the request before its step's tokens are processed, the scheduler
+# takes it again with the drafts at the wrong positions, and the last stage reads another request's logits
+# (notebook 00 breaks it; `pp_spec_schedule_gate` is the fix). The cell under the picture checks all three.
 # </details>
 
 # %%
@@ -302,7 +303,8 @@ plots.step_swimlane(trace, TRACE_PP, steps=window,
 # the same step on the last rank (its grey part: waiting for rank 0's hidden states), the sample (`r:N ok`: drafts
 # accepted) and the MTP layer's proposal; then the engine core collects the drafts, and the arrow is their way back
 # through the scheduler to that request's next step on rank 0. A request never rides in two adjacent steps (the
-# step after it carries the other request, or nothing), and no step starts before the previous one has been drafted.
+# step after it carries the other request, or nothing), and the next step starts on rank 0 while the previous one is
+# still on the last rank: two micro-batches in flight, one per stage.
 #
 # The `hN` marks are the second correctness patch at work. Rank 0 is sent only each request's newest sampled
 # token, never the drafts the last rank accepted, so at the start of a step its copy of the request's token history
@@ -315,10 +317,12 @@ kinds_on = {kind: sorted({e["rank"] for e in trace if e["kind"] == kind}) for ki
 claim(kinds_on["propose"] == [last_rank] and kinds_on["sample"] == [last_rank] and kinds_on["forward"] == list(range(TRACE_PP)),
       f"every rank runs a forward per step; only the last rank ({last_rank}) samples and runs the MTP drafter "
       f"({sum(e['kind'] == 'propose' for e in trace)} proposals)", kinds_on)
-overlap = [(a, b) for a, b in zip(ran, ran[1:]) if by_step[a]["propose"] is None
-           or min(f["t0"] for f in by_step[b]["forward"].values()) < by_step[a]["propose"]["t1"]]
-claim(not overlap, f"the {len(ran)} steps ran one after another: no step started on any rank before the previous "
-      "step's drafts were proposed", overlap)
+# Two micro-batches in flight: a step whose rank-0 forward started before the previous computed step's last-rank
+# forward ended (the pp_microbatches patch; stock vLLM 0.32 with drafts never does it).
+pipelined = [(a, b) for a, b in zip(ran, ran[1:])
+             if by_step[b]["forward"][0]["t0"] < by_step[a]["forward"][last_rank]["t1"]]
+claim(len(pipelined) >= len(ran) // 2, f"{len(pipelined)} of the {len(ran)} steps started on rank 0 while the previous "
+      "step was still on the last rank: two micro-batches in flight", len(pipelined))
 # Per request, its steps in order: (step, rank 0's start, when its drafts were proposed, drafts it verifies)
 flights = {}
 for s in ran:

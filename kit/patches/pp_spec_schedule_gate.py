@@ -10,6 +10,8 @@ k=2, two prompts: the first prompt's second token is the second prompt's first t
 request ``IndexError: index -2 is out of bounds``.
 Fix: while the scheduler runs, hide the drafts of requests that still have tokens in flight, so they
 are skipped exactly as they are without speculation; the drafts come back for the next schedule.
+With ``pp_microbatches`` (on by default) the drafts reach a request only after its step's tokens, so nothing in
+flight carries drafts and the gate hides nothing; it guards vLLM's own loop (``pp_microbatches`` off).
 Upstream: the class of vLLM #52071 / #52179 (scheduler cadence under PP, handled upstream only for the
 V2 runner with async scheduling), #57755. Target: vLLM 0.32.0. Removal: when the V1 scheduler gates
 in-flight requests under sync PP.
