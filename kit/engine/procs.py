@@ -222,9 +222,12 @@ class ManagedProcess:
         current = {}
         for p in self.tree():
             try:
-                title = " ".join(" ".join(p.cmdline()).split()) or p.name()  # vLLM pads its retitled names
+                title = " ".join(" ".join(p.cmdline()).split())  # vLLM pads its retitled names
                 if p.status() == psutil.STATUS_ZOMBIE:
                     continue
+                # A process on its way out has no command line any more: its 15-character name ("VLLM::Worker_PP"
+                # for "VLLM::Worker_PP1") must not replace the full title seen before.
+                title = title or self._seen.get(p.pid) or p.name()
             except psutil.Error:
                 continue
             current[p.pid] = title
