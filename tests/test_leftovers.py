@@ -176,12 +176,17 @@ def _cmd(p: psutil.Process) -> str:
 
 
 @pytest.mark.engine
-def test_ctrl_c_during_server_start_leaves_nothing(no_leftovers):
+def test_ctrl_c_during_server_start_leaves_nothing(no_leftovers, tmp_path):
     """SIGINT to the caller while its server starts: KeyboardInterrupt ends the server tree at once (before,
     only ``ProcessFailed`` was handled and the tree lived until the caller's interpreter exited)."""
+    from kit.core.models import cache_dir
+
     before = vllm_temp_entries()
+    # The caller is SIGKILLed at the end, so its failed run's folder (kept for its log until the interpreter
+    # exits) would stay: its cache is a folder of this test's, sharing the random checkpoints.
+    (tmp_path / "random").symlink_to(cache_dir() / "random", target_is_directory=True)
     caller = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_CALLER], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "KIT_CACHE_DIR": str(tmp_path)})
     try:
         me = psutil.Process(caller.pid)
         deadline = time.monotonic() + 120

@@ -140,8 +140,8 @@ class MultiNode(Lifecycle):
 
     def __post_init__(self) -> None:
         check_backend(self.topology)
-        self.run_dir = None if self.log_dir else Path(tempfile.mkdtemp(prefix="kit-nodes-", dir=cache_dir()))
-        self.log_dir = Path(self.log_dir or self.run_dir)  # run_dir: removed at stop() unless the run failed
+        self.run_dir = None
+        self.log_dir = Path(self.log_dir) if self.log_dir else None  # None: a fresh kit-nodes-* folder at start()
 
     # -- lifecycle --------------------------------------------------------------------------------
     @property
@@ -155,9 +155,6 @@ class MultiNode(Lifecycle):
         meanwhile ends the start at once, named, and every node's tree is removed."""
         t = self.topology
         env = dict(self.env)
-        env.setdefault(ENV_LOG, str(self.log_dir / "patches.jsonl"))  # every process of every node
-        Path(env[ENV_LOG]).unlink(missing_ok=True)
-        self.env = env
         precheck(t, env)
         t.model_path()
         t.draft_path()
@@ -169,6 +166,11 @@ class MultiNode(Lifecycle):
         if not private and not port_is_free(self.master_port, plan[0].ip):  # taken since free_port() looked: the
             # leader's rendezvous would fail to bind and the followers would wait on someone else's port
             raise TopologyError(f"master port {self.master_port} on {plan[0].ip} is in use: try again")
+        if self.log_dir is None:  # made only once the checks passed; removed at stop() unless the run failed
+            self.run_dir = self.log_dir = Path(tempfile.mkdtemp(prefix="kit-nodes-", dir=cache_dir()))
+        env.setdefault(ENV_LOG, str(self.log_dir / "patches.jsonl"))  # every process of every node
+        Path(env[ENV_LOG]).unlink(missing_ok=True)
+        self.env = env
         try:
             inside: list[str] = []
             if private:

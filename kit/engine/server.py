@@ -97,7 +97,13 @@ class Server(ProcessLifecycle):
         where = ["--uds", self.uds] if self.uds else ["--host", self.host, "--port", str(self.port)]
         cmd = self.prefix + python_cmd("vllm.entrypoints.openai.api_server", *where, *self.topology.serve_args(),
                                        *self.extra_args)
-        self.proc = ManagedProcess(cmd, env=env, log_path=self.log_path, name=f"{self.name} [{self.topology.label()}]")
+        try:
+            self.proc = ManagedProcess(cmd, env=env, log_path=self.log_path,
+                                       name=f"{self.name} [{self.topology.label()}]")
+        except BaseException:  # nothing started: the folder goes (at this process's exit, as a failed run's)
+            self.failed = True
+            self.release_run_dir()
+            raise
         status = Status(f"vLLM {self.proc.name}", self.log_path, quiet=self.quiet)
         deadline = time.monotonic() + timeout
         try:

@@ -106,9 +106,12 @@ class PDPair(Lifecycle):
         self.consumer_topology = consumer.with_(pd_role="consumer", connector=self.connector)
         self.start_timeout = start_timeout
         self.request_timeout = request_timeout
-        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="kit-pd-", dir=cache_dir()))
-        self.run_dir = None if log_dir else self.log_dir  # removed at stop() unless the run failed
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # None: a fresh kit-pd-* folder at start(), removed at stop() unless the run failed (a pair built but never
+        # started, e.g. refused by its router choice, leaves nothing).
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.run_dir = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env or {})
         self.warmup = warmup
         self.parallel_start = parallel_start
@@ -161,6 +164,8 @@ class PDPair(Lifecycle):
     def start(self) -> "PDPair":
         # Write a random checkpoint once, before two processes race to write it.
         self.producer_topology.model_path()
+        if self.log_dir is None:
+            self.run_dir = self.log_dir = Path(tempfile.mkdtemp(prefix="kit-pd-", dir=cache_dir()))
         self.producer = self._make_server("producer", self.producer_topology)
         self.consumer = self._make_server("consumer", self.consumer_topology)
         servers = {"producer": self.producer, "consumer": self.consumer}
@@ -291,8 +296,8 @@ class PDPair(Lifecycle):
                 "consumer_url": self.consumer.where if self.consumer else None,
                 "side_channel_ports": dict(self.side_channel_ports), "start_seconds": dict(self.start_seconds),
                 "omp_threads_bind": {r: e.get("VLLM_CPU_OMP_THREADS_BIND") for r, e in self.server_env.items()},
-                "block_size": self.block_size, "logs": {"producer": str(self.log_dir / "producer.log"),
-                                                        "consumer": str(self.log_dir / "consumer.log")}}
+                "block_size": self.block_size,
+                "logs": {r: str(self.log_dir / f"{r}.log") for r in ("producer", "consumer")} if self.log_dir else None}
 
     def _served_kv(self, role: str) -> dict | None:
         t = self.served_topology.get(role) or (self.producer_topology if role == "producer" else self.consumer_topology)
