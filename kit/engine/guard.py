@@ -93,12 +93,13 @@ def _group_members() -> list:
     """The other live (non-zombie) processes in our process group."""
     import psutil
 
-    me, group, out = os.getpid(), os.getpgid(0), []
-    for p in psutil.process_iter(["pid", "status"]):
+    out = []
+    for pid in _group_pids():
         try:
-            if p.pid != me and os.getpgid(p.pid) == group and p.info["status"] != psutil.STATUS_ZOMBIE:
+            p = psutil.Process(pid)
+            if pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
-        except (ProcessLookupError, PermissionError, psutil.Error):
+        except psutil.Error:
             continue
     return out
 
