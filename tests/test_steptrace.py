@@ -91,3 +91,18 @@ def test_a_proposal_inside_the_sample_call_is_counted_once():
     assert (p["sample"], p["propose"], p["handoff"]) == pytest.approx((3.0 - 1.25, 1.25, 0.5))
     assert sum(p.values()) == pytest.approx(t["period"])
     assert t["stages"][1]["busy"] == pytest.approx(3.0 + 3.0)   # forward 3.0 + the sample call 3.0, drafter inside
+
+
+def test_pipeline_lanes_busy_share_and_window_of_a_serial_run():
+    """kit.lab.pipeline_plots on the serial run above: per 12 s period rank 0 computes 3 s and rank 1 computes
+    3 s of forward (after its 3.5 s wait), 1 s of sampling and 2 s of drafting; one panel per run, a lane per stage."""
+    from kit.lab import pipeline_plots
+
+    ev = _serial_pp2_with_drafts()
+    win = pipeline_plots.decode_window(ev, span_ms=24_000)
+    assert win == (24.0, 48.0)          # the decode step a third into the run (step 4 of steps 0..10) and 24 s on
+    assert pipeline_plots.busy_share(ev, 0, win) == pytest.approx(6.0 / 24.0)
+    assert pipeline_plots.busy_share(ev, 1, win) == pytest.approx(12.0 / 24.0)
+    fig = pipeline_plots.pipeline_lanes({"serial": ev}, 2, span_ms=24_000)
+    assert "0 of 6 decode steps with 2 in flight" in fig.layout.annotations[0].text
+    assert {b.text[0] for b in fig.data if b.text} == {"s4", "s6"}   # the two steps inside the span, labelled

@@ -159,6 +159,9 @@ def register(sub) -> None:
     p = add_command(sub, "matrix", run, help="run the correctness matrix and print a markdown table")
     p.add_argument("--fast", action="store_true", help="only the CI subset")
     p.add_argument("--match", default="", help="only cells whose id contains this")
+    p.add_argument("--cells", default="", metavar="ID[,ID...]",
+                   help="only these cells (exact ids, comma-separated; `kit matrix --list` prints them)")
+    p.add_argument("--list", action="store_true", help="print the selected cells' ids and exit")
     p.add_argument("--jsonl", default=None, help="append one JSON record per cell here")
     p.add_argument("--write", default=None, metavar="FILE",
                    help="also write the table into FILE (e.g. docs/results/matrix.md), replacing this command's block")
@@ -168,26 +171,41 @@ def run(args: argparse.Namespace) -> int:
     argv = list(getattr(args, "argv", None) or [])
     if args.write and (why := check_writable(args.write)):
         raise TopologyError(why)
-    cells = [c for c in CELLS if (c.fast or not args.fast) and args.match in c.id]
+    wanted = [x for x in args.cells.split(",") if x]
+    unknown = sorted(set(wanted) - {c.id for c in CELLS})
+    if unknown:
+        raise TopologyError(f"--cells: no cell {', '.join(unknown)} (kit matrix --list prints the ids)")
+    cells = [c for c in CELLS if (c.fast or not args.fast) and args.match in c.id and (not wanted or c.id in wanted)]
+    if args.list:
+        print("\n".join(c.id for c in cells))
+        return 0
     started, t_start = datetime.now(timezone.utc), time.monotonic()
-    lines = ["| cell | identical | first divergence | drafts | accepted | per position | s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| cell | identical | first divergence | drafts | accepted | per position | = PP=1 counters | s |",
+             "|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
     bad = 0
+    # Accepted drafts per position must not depend on PP: each PP>1 cell against its PP=1 sibling of this run.
+    pp1: dict[tuple, list[int]] = {}
     for c in cells:
         t0 = time.monotonic()
         try:
             cmp = run_cell(c)
             d = cmp.to_dict()
             a = d["acceptance"]
+            sibling = (c.model, c.random, c.spec, c.eager, c.max_num_seqs, c.prompts)
+            same = "-"
+            if c.spec != "none" and c.pp == 1:
+                pp1[sibling] = a["per_position"]
+            elif c.spec != "none" and sibling in pp1:
+                same = "yes" if pp1[sibling] == a["per_position"] else "**NO**"
             row = (c.id, "yes" if d["identical"] else "**NO**", d["first_divergence"] or "", a["num_drafts"],
-                   a["num_accepted_tokens"], a["per_position"], round(time.monotonic() - t0))
-            bad += not d["identical"]
+                   a["num_accepted_tokens"], a["per_position"], same, round(time.monotonic() - t0))
+            bad += not d["identical"] or same == "**NO**"
             if args.jsonl:
                 with open(args.jsonl, "a") as f:
                     f.write(json.dumps({"cell": c.id, **d}) + "\n")
         except Exception as e:
-            row = (c.id, "**ERROR**", str(e).splitlines()[0][:120], "", "", "", round(time.monotonic() - t0))
+            row = (c.id, "**ERROR**", str(e).splitlines()[0][:120], "", "", "", "", round(time.monotonic() - t0))
             bad += 1
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
         print(lines[-1], flush=True)

@@ -209,6 +209,12 @@ def _decode(forward: dict, max_tokens: int = 9) -> bool:
     return all(n <= max_tokens for n, _ in forward["reqs"].values())
 
 
+def decode_steps(events: list[dict]) -> list[int]:
+    """The decode steps of a merged trace in order: computed on rank 0, every request past its prefill."""
+    by = steps(events)
+    return [s for s in sorted(by) if 0 in by[s]["forward"] and _decode(by[s]["forward"][0])]
+
+
 def _inside(inner: dict | None, outer: dict | None) -> bool:
     return bool(inner and outer and outer["t0"] <= inner["t0"] and inner["t1"] <= outer["t1"])
 
