@@ -6,7 +6,14 @@ set -uo pipefail
 cd "$(dirname "$0")"
 PY=${KIT_TEST_PYTHON:-.venv/bin/python}
 if [ -z "${KIT_TEST_PYTHON:-}" ]; then bash scripts/setup.sh || exit 1; fi
-"$PY" -m pytest "$@"
+# pytest's own report of the run (JUnit XML) goes to runs/junit/ (KIT_JUNIT_DIR), unless the arguments name one or
+# turn the plugin off; `kit test-report --junit FILE --write docs/results/tests.md` renders the results from it.
+junit=()
+case " $* " in
+    *" --junitxml"* | *" --junit-xml"* | *"no:junitxml"*) ;;
+    *) junit=(--junitxml "${KIT_JUNIT_DIR:-runs/junit}/$(date -u +%Y%m%dT%H%M%SZ)-$$.xml") ;;
+esac
+KIT_TEST_COMMAND="./test.sh${*:+ $(printf '%q ' "$@" | sed 's/ $//')}" "$PY" -m pytest "$@" ${junit[@]+"${junit[@]}"}
 rc=$?
 # pytest's 5 means "no tests collected". That is success only for a -m selection whose every marker is one
 # pytest knows (e.g. `-m pd` over files without PD tests); a misspelt marker (`-m enigne`) selects nothing too

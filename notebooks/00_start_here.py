@@ -21,13 +21,18 @@
 #   speculation never changes greedy output, it only saves target forwards.
 # - **PD disaggregation**: one server does the prefill (producer) and hands the KV cache to another that decodes (consumer).
 #
+# Every other word the notebooks use (verify round, stage and rank, in flight, micro-batch, a\*, ...) is in the
+# [Glossary](#Glossary) at the end of this notebook; each notebook links to it.
+#
 # **Where to go next**
 # | notebook | question |
 # |---|---|
+# | `00_start_here` (this one) | does PP=2 + MTP give the reference's tokens, and what breaks without the patches? |
 # | `01_drafter_placement` | where do layers, drafter, embedding, LM head and KV cache live at PP=2 and PP=4? |
 # | `02_layer_types_fix` | why must an Eagle3 drafter index `layer_types` with the *total* layer count? |
 # | `03_draft_acceptance` | how many drafts are accepted per position, at PP=1 and PP=2? |
 # | `04_pd_kv_handoff` | what moves from producer to consumer, and are the tokens still right? |
+# | `05_does_it_pay` | when does speculation pay, at PP=1 and PP=2 (the break-even acceptance rate a\*)? |
 
 # %% tags=["parameters"]
 # Parameters (papermill / CI can override these)
@@ -48,12 +53,12 @@ kit.lab.notebook.setup()
 
 # %% [markdown]
 # ## The machine and the kit
-# `kit doctor` shows versions and which patches apply in this vLLM.
+# `kit doctor` checks the versions and which patches apply in this vLLM. One line shows here; the full report is
+# folded under it (click to open), and opens by itself when a patch failed.
 
 # %%
-import subprocess, sys
 if SHOW_DOCTOR:
-    print(subprocess.run([sys.executable, "-m", "kit", "doctor"], capture_output=True, text=True).stdout)
+    kit.lab.notebook.show_doctor()
 
 # %% [markdown]
 # ## A first run
@@ -146,3 +151,87 @@ print("wrong tokens that another prompt's reference has nearby (prompt, position
 claim(first_divergence(cmp.reference, broken) is not None and d["identical"],
       f"without pp_spec_schedule_gate {len(wrong)} of {sum(map(len, ref_ids))} tokens differ from the reference; "
       "with every patch on, none")
+
+# %% [markdown]
+# ## Glossary
+# The words of these notebooks, as the kit uses them (vLLM 0.32, V1 engine).
+#
+# **Speculative decoding**
+# - **greedy reference**: the tokens of the plain engine: PP=1, no speculation, greedy (always the most likely
+#   token), float32 (bfloat16 where a model's kernels require it). Greedy decoding is deterministic, so every other
+#   topology of the same model must give exactly these tokens; `kit compare` and the notebooks check that.
+# - **reference margin**: at the first token where a run differs from the greedy reference, the reference's top-1
+#   minus top-2 logprob there (`first_divergence.reference_margin`). Near zero hints at a numerical tie, a large
+#   margin means a bug; a small one is no proof of a tie.
+# - **draft, drafter**: a draft is a token guessed ahead for a request; the drafter is what guesses it (an MTP
+#   layer, an Eagle3 model, n-gram lookup). `METHOD:K` (e.g. `mtp:2`) picks the method and k, the drafts per
+#   request per step. Under PP the drafter runs on the last rank only.
+# - **MTP**: multi-token prediction: extra layer(s) shipped with the model (MiMo, DeepSeek-V3, Qwen3.5, GLM-4 MoE)
+#   that take the target's last hidden state and the next token and predict the token after it. vLLM runs the MTP
+#   layer k times to draft k tokens; its KV cache is one more layer (`model.layers.<L>` for a target of L layers).
+# - **Eagle3**: a separately trained small draft model (one decoder layer here) that drafts from the target's
+#   hidden states after several of its layers (`eagle_aux_hidden_state_layer_ids`); under PP those states come from
+#   several ranks (notebook 02).
+# - **n-gram**: drafting without a model (prompt lookup): the request's last few tokens are looked up earlier in its
+#   own prompt and output, and the tokens that followed there are proposed.
+# - **verify round**: one target forward that checks a request's drafts: it runs the request's newest token and its
+#   k drafts through the model in one pass and keeps the longest prefix of drafts it accepts (greedy: those equal to
+#   its own choice), plus one token of its own, so a round yields 1 to k + 1 tokens. vLLM counts the rounds as
+#   `num_drafts`.
+# - **acceptance rate**: the share of drafts the target keeps. Per draft position, the rounds whose draft there was
+#   accepted divided by the verify rounds (notebook 03 plots it). The single rate *a* of notebooks 03 and 05 is the
+#   chance that a position is accepted when the ones before it were, the one that gives the measured tokens per
+#   verify round (mean acceptance length): 1 + a + ... + a^k.
+#
+# **Pipeline parallelism**
+# - **PP**: the decoder layers are split into PP consecutive stages, one worker process each; a step's hidden
+#   states go from stage to stage. Rank 0 embeds the tokens; the last rank holds the LM head, samples, and drafts.
+# - **stage, rank**: a stage is one consecutive range of decoder layers, a rank the worker process that runs it
+#   (`Worker_PP0`, `Worker_PP1`, ...). Without tensor parallelism (as here) rank r runs stage r: "stage" speaks of
+#   the layers and the order a step crosses them, "rank" of the process and its memory. Several nodes each hold
+#   whole stages.
+# - **engine core**: vLLM's scheduling loop (`EngineCore`): each step it picks the requests and tokens to compute,
+#   hands the step to the workers and applies their sampled tokens and drafts to the requests. A server runs it in a
+#   process of its own; the kit's single-node engine runs keep it in the process that calls `LLM`.
+# - **in flight**: a step is in flight from when the engine core submits it to the first stage until its sampled
+#   tokens are back in the scheduler, and its requests with it. A request in flight has nothing to compute until its
+#   token is back, so the stages work at once only on different requests (with drafts stock vLLM 0.32 schedules it
+#   again anyway; the kit's `pp_spec_schedule_gate` stops that, as "Break it" above shows).
+# - **micro-batch**: the requests of one PP step. With the kit's `pp_microbatches` patch (on by default) the running
+#   requests are split into up to PP groups that take turns: while the last stage computes one group, stage 0
+#   already computes the next, two micro-batches in flight at PP=2.
+# - **empty step**: a step the engine core's batch queue plans while every runnable request is already in flight:
+#   it carries no request. Stock vLLM 0.32 runs many under PP; notebook 01's step trace and
+#   `kit bench --timeline` count them.
+# - **KV cache, KV block**: each attention layer keeps the keys and values of every token a request has computed,
+#   so a decode step computes only the new tokens. vLLM stores them in blocks of `block_size` tokens of one layer
+#   and gives a request whole blocks. Under PP each rank holds the KV of its own layers only (the last rank also the
+#   MTP layer's).
+# - **mamba cache**: vLLM's per-request state for linear-attention layers (Gated-DeltaNet in Qwen3.5): a fixed-size
+#   state in a state slot instead of KV blocks that grow with the text. With drafts the kit turns prefix caching off
+#   and it runs in mode `none`, 1 + k slots per request and layer (one per draft position); the plain reference
+#   keeps vLLM's default, prefix caching on and mode `align`.
+#
+# **Prefill/decode disaggregation**
+# - **PD**: a producer server computes a prompt's KV cache and first token, and a consumer server receives that KV
+#   and decodes the rest. Here both are `vllm` OpenAI servers on one host, the KV goes over NIXL, and a router sends
+#   each request to both, with the same request id.
+# - **colocated**: prefill and decode in one engine, as without PD: what a PD consumer's tokens and accepted drafts
+#   are compared with (notebook 04, `kit pd --colocated-acceptance`).
+# - **NIXL push / pull**: vLLM's two NIXL connectors. Pull (`NixlConnector`): the consumer reads the producer's KV
+#   blocks; both sides need the same PP size and KV layer count. Push (`NixlPushConnector`): each producer rank
+#   writes its own layers into the consumer's blocks; the kit picks it when PP sizes or layer counts differ, and
+#   for a PP>1 consumer.
+# - **handshake**: when a NIXL pair first connects, the two sides exchange their registered KV regions and block
+#   layout, and vLLM compares a compatibility hash of both configurations (it covers the MTP/Eagle drafter method,
+#   not k). A mismatch refuses the pair (`NIXL compatibility hash mismatch`).
+#
+# **Does it pay (notebook 05)**
+# - **a\***: the break-even acceptance rate: the per-position rate *a* at which k drafts give exactly the plain
+#   engine's speed, E(a\*, k) = T(k) / T(0) (tokens per verify round against how much dearer a speculative step is
+#   than a plain one). Below a\* speculation is slower than none. It belongs to one model, PP size, batch and k, from
+#   that engine's measured step costs; "none" when even a = 1 loses.
+# - **occupancy**: how full a speculative row's decode steps were against the plain row's: plain steps /
+#   (speculative steps x mean acceptance length). 1 when each step carried as many requests as the plain engine's;
+#   below 1 when a batch was split (requests in flight, requests finishing at different steps). The prediction at
+#   occupancy is the full-step prediction times it.

@@ -13,6 +13,9 @@
 # the MTP drafter and which KV cache? And how does one decode step with drafts travel across those ranks?
 # Everything below is read from the **live engine**: the kit adds methods to every vLLM worker
 # (`worker_extension_cls`) and calls them with `LLM.collective_rpc`; one of them times every step inside each worker.
+#
+# Words used here (stage and rank, in flight, micro-batch, empty step, engine core, ...) are defined in the
+# [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
 
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"
@@ -196,7 +199,7 @@ if HYBRID_PP:
 # root, as in CI), so none of their sockets is reachable from outside the run; the kit talks to the leader through a
 # Unix socket, with the server's API key. Its workers are read the same way as above, through the leader (vLLM's
 # `/collective_rpc`), and each also reports where it runs: its `VLLM_HOST_IP`, its cores, and its process, found in
-# one node's process tree.
+# one node's process tree. It also generates the traced prompts again, to see the stages pipeline across the nodes.
 #
 # **Predict, then look:** which node holds the embedding, which the LM head, the MTP drafter and the MTP layer's KV?
 #
@@ -210,8 +213,10 @@ if HYBRID_PP:
 
 # %%
 if NODES > 1:
-    run = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=TRACE_PP, spec=SPEC, nodes=NODES))
+    run = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=TRACE_PP, spec=SPEC, nodes=NODES),
+                           trace_prompts, max_tokens=TRACE_TOKENS)
     ranks, nodes = run["ranks"], run["nodes"]
+    t_nodes = steptrace.summary(steptrace.merge(run["trace"]))
     display(pd.DataFrame(nodes).set_index("rank"))
     display(pd.DataFrame(summary_rows(ranks)).set_index("pp_rank"))
     plots.placement_lanes(ranks, n_layers, title=f"PP={TRACE_PP} on {NODES} nodes: each stage, with its layers, "
@@ -234,6 +239,13 @@ if NODES > 1:
           f"node {last['node']} ({last['host_ip']}) holds the last stage's LM head, the MTP drafter (there only) and the "
           f"MTP layer's KV (layer {n_layers}); node 0 holds the embedding",
           [(r["node"], r["lm_head"], r["embedding"], r["kv_cache"]["layers"]) for r in ranks])
+    # The same prompts, traced on both nodes (one clock: both nodes are this host): the stages pipeline across nodes
+    # as they do inside one, and the tokens are those of the one-node run above.
+    ov = t_nodes["in_flight"]["overlap_steps"]
+    claim(run["generation"].token_ids == traced.token_ids and ov >= t_nodes["decode_steps"] // 2 and ov > 0,
+          f"across {NODES} nodes the same {run['generation'].num_generated} tokens as on one node, and {ov} of "
+          f"{t_nodes['decode_steps']} decode steps started on node 0 while the previous one ran on node {NODES - 1}",
+          (ov, t_nodes["decode_steps"]))
 
 # %% [markdown]
 # ## The failure without the kit's drafter guard
@@ -340,6 +352,62 @@ late = [(r, a[0], b[0]) for r, fl in flights.items() for a, b in zip(fl, fl[1:])
 with_drafts = sum(1 for fl in flights.values() for x in fl[1:] if x[3] > 0)
 claim(with_drafts > 0 and not late, f"each of the {with_drafts} steps that verify drafts started after those drafts "
       "were proposed", late)
+
+# %% [markdown]
+# ## The pipeline before and after: vLLM's own loop against the kit's micro-batches
+# **Predict, then run:** the same two prompts again at PP=2, once more on an engine with `pp_microbatches` off
+# (vLLM 0.32's own step loop, every other kit patch on). Drawn over the same span of time, how many steps will
+# start on rank 0 while the previous step is still on the last rank, and how busy will each stage be?
+#
+# <details><summary>Answer</summary>
+#
+# Without the patch none: every step carries both requests, and the engine core waits for each step's drafts
+# before it schedules the next, so one stage always waits for the other; each is busy well under half the time.
+# With it the requests take turns, and the two stages compute at the same time for most of the run.
+# </details>
+
+# %%
+before = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=TRACE_PP, spec=SPEC),
+                          trace_prompts, max_tokens=TRACE_TOKENS, env={"KIT_PATCHES": "all,-pp_microbatches"})
+trace_before = steptrace.merge(before["trace"])
+runs = {"pp_microbatches off (vLLM 0.32's loop)": trace_before, "pp_microbatches on (the kit's default)": trace}
+t_off, t_on = steptrace.summary(trace_before), steptrace.summary(trace)
+span_ms = 8 * 1000 * t_off["period"]   # eight decode steps of the unpipelined run
+from kit.lab.pipeline_plots import busy_share, decode_window, pipeline_lanes
+pipeline_lanes(runs, TRACE_PP, span_ms=span_ms,
+               title=f"{Topology(model=MODEL, pp=TRACE_PP, spec=SPEC).label()}: the same {span_ms:.0f} ms of decoding, "
+                     "a lane per stage, s<step> on each bar").update_layout(meta="pipeline").show()
+busy = {label: [busy_share(ev, r, decode_window(ev, span_ms)) for r in range(TRACE_PP)] for label, ev in runs.items()}
+ov_off, ov_on = t_off["in_flight"]["overlap_steps"], t_on["in_flight"]["overlap_steps"]
+display(Markdown(
+    f"**This run:** off, {ov_off} of {t_off['decode_steps']} decode steps had two micro-batches in flight, a decode "
+    f"step every {1000 * t_off['period']:.1f} ms; on, {ov_on} of {t_on['decode_steps']}, a step every "
+    f"{1000 * t_on['period']:.1f} ms (each carrying {t_on['reqs_per_step']:.1f} requests against "
+    f"{t_off['reqs_per_step']:.1f}: {1000 * t_off['period'] / t_off['reqs_per_step']:.1f} ms per request off, "
+    f"{1000 * t_on['period'] / t_on['reqs_per_step']:.1f} ms on). Busy share of the span drawn, per stage: off "
+    + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[0]]) + "; on "
+    + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[1]]) + "."))
+
+# %% [markdown]
+# **What it shows:** in the upper panel the bars form a staircase: a step on rank 0, then the same step on rank 1
+# (its grey part waiting for rank 0's hidden states), then nothing on rank 0 until the step's drafts are back. In
+# the lower panel the requests alternate, one colour per micro-batch, and rank 0 starts one request's step while
+# rank 1 still computes the other's. The same tokens come out either way (the matrix checks both); what changes is
+# how much of the time each stage has work. On a model this small a step of one request costs nearly what a step of
+# two costs (the time per request above), so here the stages overlap without finishing
+# sooner; `kit bench --timeline` measures what the overlap wins on a larger model (docs/results/bench.md, "PP
+# micro-batches in flight").
+
+# %%
+claim(ov_off == 0 and t_off["decode_steps"] > 0,
+      f"with pp_microbatches off no decode step started while the previous one ran on the last rank "
+      f"(0 of {t_off['decode_steps']})", ov_off)
+claim(ov_on >= t_on["decode_steps"] // 2 and ov_on > 0,
+      f"with it on {ov_on} of {t_on['decode_steps']} decode steps did", ov_on)
+claim(traced.token_ids == before["generation"].token_ids and
+      traced.spec.num_accepted_tokens == before["generation"].spec.num_accepted_tokens,
+      f"both runs generated the same {traced.num_generated} tokens with the same "
+      f"{traced.spec.num_accepted_tokens} drafts accepted", before["generation"].token_ids)
 
 # %% [markdown]
 # **Predict, then run:** at the start of a request's step, by how many tokens is rank 0's copy of its token history

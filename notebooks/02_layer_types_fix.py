@@ -27,6 +27,9 @@
 #
 # The target here, `tiny-llama-swa`, has 4 layers with `layer_types` alternating sliding / full; its Eagle3 draft
 # has one sliding layer and reads the target's hidden states after layers 1, 2 and 3 (`eagle_aux_hidden_state_layer_ids`).
+#
+# Words used here (Eagle3, stage and rank, KV cache, ...) are defined in the
+# [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llama-swa"

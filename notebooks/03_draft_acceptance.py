@@ -12,6 +12,9 @@
 # **The question:** with the trained `tiny-mimo` (one MTP layer, trained to predict the token after next),
 # how often is each draft position accepted for k = 1, 2, 3, and are the counts the same at PP=1 and PP=2?
 # They must be: with greedy decoding, acceptance depends only on the model, not on how it is split.
+#
+# Words used here (verify round, acceptance rate, greedy reference, ...) are defined in the
+# [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
 
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"

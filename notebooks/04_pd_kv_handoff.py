@@ -16,6 +16,9 @@
 # Everything below is real: two `vllm` OpenAI servers on loopback, vLLM's NIXL connector with its CPU buffer,
 # and the kit's router doing the two-step request flow (prefill with `do_remote_decode`, then decode with the
 # `kv_transfer_params` the producer returned, same request id on both calls).
+#
+# Words used here (PD, NIXL push / pull, handshake, colocated, ...) are defined in the
+# [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
 
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"

@@ -25,6 +25,9 @@
 # Two models of the same layout (MiMo, one MTP layer): `tiny-mimo` (1.6 M parameters: vLLM's fixed per-step cost
 # dominates its forward) and `mimo-py-18m` (17.8 M parameters trained on Python source: its forward is about half
 # of a step).
+#
+# Words used here (verify round, acceptance rate, occupancy, ...) are defined in the
+# [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
 
 # %% tags=["parameters"]
 MEASURED_JSON = "../docs/results/bench.json"   # written by the full `kit bench ... --breakdown --write-json`

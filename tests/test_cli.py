@@ -110,6 +110,7 @@ SUBCOMMANDS = [
     (["doctor"], "--json"), (["compare"], "--spec"), (["pd"], "--producer-pp"), (["bench"], "--patch-overhead"),
     (["matrix"], "--fast"), (["report"], "--only"), (["train", "tiny-mimo"], "--quick"),
     (["train", "tiny-deepseek"], "--no-q-rope"), (["zoo"], "--no-tokenizer"), (["zoo-status"], "--write"),
+    (["patches", "check"], "--vllm-src"),
 ]
 
 
@@ -132,6 +133,7 @@ def test_every_subcommand_is_reachable_as_kit_and_python_m_kit(cmd, flag):
     (["compare", "--bogus"], "unrecognized arguments: --bogus"),
     (["train"], "required: MODEL"),
     (["pd", "--concurrency", "0"], "--concurrency must be an integer >= 1"),
+    (["patches", "check", "--vllm-src", "/nonexistent"], "--vllm-src /nonexistent: no such directory"),
 ])
 def test_every_error_is_one_line_and_exit_2(args, fragment):
     p = kit(*args)

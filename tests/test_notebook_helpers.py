@@ -1,4 +1,5 @@
-"""The arithmetic the notebooks draw from (no engine): acceptance rates and Eagle3 layer names per PP rank."""
+"""The arithmetic the notebooks draw from (no engine): acceptance rates and Eagle3 layer names per PP rank; what
+notebook 00 shows of `kit doctor`."""
 import pytest
 
 from kit.bench.payoff import expected_tokens
@@ -58,3 +59,38 @@ def test_kv_bytes_per_layer_draws_an_empty_mtp_slot():
         "withheld": {"layers": {"model.layers.0": 10}, "rank": {"model.layers.0": 0}, "mtp": "model.layers.1"}})
     ys = [(t.x[0], t.y[0]) for t in fig.data]
     assert ys == [("layers.0", 10), ("layers.1 (MTP)", 10), ("layers.0", 10), ("layers.1 (MTP)", 0)]
+
+
+def _doctor_info(failures=None):
+    return {"python": "3.11.7", "cores": 2, "memory_gib": 23.5, "torch": "2.13.0+cpu", "cpu_capability": "AVX512",
+            "vllm": "0.32.0", "device": "cpu", "patch_selection": "all", "patch_failures": failures or {},
+            "runner": {"device": "cpu", "default": "v1", "why": "no Triton"},
+            "patches_by_runner": {"v1": ["a"], "v2": [], "any": ["b", "c", "d", "e"]},
+            "patches": [{"name": "a", "status": "applied"},
+                        {"name": "b", "status": "upstream (installed vLLM has the fix)"},
+                        {"name": "c", "status": "not a Ray run: nothing to do"},
+                        {"name": "d", "status": "needed, NOT selected"},
+                        {"name": "e", "status": "FAILED: boom" if failures else "applied"}]}
+
+
+def test_doctor_is_one_line_with_the_full_report_folded_and_open_on_a_failure():
+    import json
+
+    from kit.lab.doctor_report import summary, text
+    from kit.lab.notebook import doctor_output
+
+    info = _doctor_info()
+    assert summary(info) == ("vLLM 0.32.0, torch 2.13.0+cpu, Python 3.11.7; cpu (AVX512), 2 cores, 23.5 GiB; "
+                             "runner v1; patches (all): 2 applied, 1 upstream, 1 not needed here, 1 not selected, 0 failed")
+    out = doctor_output("a warning line\n" + json.dumps(info) + "\n", 0)
+    assert out["text/plain"] == "kit doctor: " + summary(info)  # one line
+    assert out["text/html"].startswith("<details><summary>") and "patches for any" in out["text/html"]
+    assert "patches for any" in text(info) and len(text(info).splitlines()) > 10
+
+    bad = _doctor_info(failures={"e": "boom"})
+    out = doctor_output(json.dumps(bad), 1)
+    assert "1 failed" in out["text/plain"].splitlines()[0] and "FAILED: boom" in out["text/plain"]
+    assert out["text/html"].startswith("<details open>")
+    out = doctor_output("Traceback: vLLM not importable\n", 1)
+    assert out["text/plain"].startswith("kit doctor: no report (exit code 1)") and "Traceback" in out["text/plain"]
+

@@ -92,7 +92,8 @@ def test_applied_patches_mark_exactly_the_symbols_they_declare():
                 continue  # e.g. nixl._api where nixl is not installed
             for part in qual.split("."):
                 obj = getattr(obj, part)
-            assert name in patches._marks(obj), (name, sym)
+            if callable(obj):  # a plain value set by a patch (a class attribute's string) carries no mark
+                assert name in patches._marks(obj), (name, sym)
     before = patches.registry()["pp_spec_schedule_gate"]
     from vllm.v1.core.sched.scheduler import Scheduler
 

@@ -1,6 +1,8 @@
 """kit.engine.progress: phases read from vLLM 0.32 log lines, the runner's generation lines, and quiet. No engine."""
 import contextlib
 import io
+import sys
+import types
 
 from kit.engine import progress
 from kit.engine.progress import Status
@@ -95,3 +97,80 @@ def test_generation_bar_prints_what_status_reads():
     for line in lines:
         s.feed(line)
     assert s.phase == "generating 3/3 prompts"
+
+
+class _Clock:
+    """A clock the test moves by hand (no real time is read)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _run_through_a_start(stream, clock, polls_per_line=20, total=8):
+    """Feed the engine log and the runner's generation lines, polling every 0.5 s as the launch loop does."""
+    s = Status("vLLM engine [PP=2 mtp:1]", stream=stream, clock=clock)
+    lines = LOG.splitlines()[1:] + [f"[kit.engine.child] generated {k}/{total} prompts" for k in range(total + 1)]
+    for line in lines:
+        s.feed(line)
+        for _ in range(polls_per_line):
+            clock.now += 0.5
+            s.poll()
+    s.close()
+    return s
+
+
+def test_without_a_terminal_one_plain_line_per_phase_and_no_carriage_return(monkeypatch):
+    monkeypatch.delenv(progress.ENV_QUIET, raising=False)
+    assert progress.display_kind(io.StringIO()) == "lines"
+    out, clock = io.StringIO(), _Clock()
+    _run_through_a_start(out, clock, polls_per_line=20)  # 10 s per log line: below the repeat interval
+    text = out.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    lines = text.splitlines()
+    phases = [ln.split(": ", 1)[1].rsplit(" · ", 1)[0] for ln in lines[:-1]]
+    # One line per phase change (the first phase included), one per quarter of the prompts, the final line.
+    assert phases == ["starting (importing vLLM)", "reading the model config", "starting the engine core",
+                      "starting the workers", "loading weights", "loading the drafter",
+                      "allocating the KV cache, warming up", "engine core up", "ready in 67 s · up",
+                      "ready in 67 s · generating", "ready in 67 s · generating 0/8 prompts",
+                      "ready in 67 s · generating 2/8 prompts", "ready in 67 s · generating 4/8 prompts",
+                      "ready in 67 s · generating 6/8 prompts", "ready in 67 s · generating 8/8 prompts"]
+    assert lines[-1].startswith("vLLM engine [PP=2 mtp:1]: ready in 67 s · done after ")
+    assert len(text) < 2000 and max(map(len, lines)) < 100
+
+
+def test_without_a_terminal_a_long_phase_repeats_its_line_once_a_minute():
+    out, clock = io.StringIO(), _Clock()
+    s = Status("e", stream=out, clock=clock)
+    s.feed("x Starting to load model /m")
+    for _ in range(600):  # 10 minutes of polls every second in one phase
+        clock.now += 1.0
+        s.poll()
+    s.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "e: starting (importing vLLM) · 0 s"
+    assert lines[1:-1] == [f"e: loading weights · {60 * i + 1} s" for i in range(10)]
+    assert lines[-1] == "e: done after 600 s"
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place(monkeypatch):
+    monkeypatch.delenv(progress.ENV_QUIET, raising=False)
+    tty = _Terminal()
+    assert progress.display_kind(tty) == "redraw"
+    _run_through_a_start(tty, _Clock(), polls_per_line=1)
+    text = tty.getvalue()
+    assert text.count("\r") > 10  # tqdm's in-place frames
+    assert text.rstrip().endswith("done after 10 s") and "generating 8/8 prompts" in text
+
+
+def test_a_jupyter_kernel_keeps_tqdm_auto(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ipykernel.zmqshell", types.ModuleType("ipykernel.zmqshell"))
+    assert progress.display_kind(io.StringIO()) == "jupyter"  # ipykernel's streams are no TTY, yet show widgets

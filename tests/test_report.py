@@ -53,3 +53,16 @@ def test_index_lists_each_notebook_with_versions_and_an_offline_figure(tmp_path)
     assert "src=\"http" not in page and "src='http" not in page  # no remote script: opens offline
     assert "Plotly.newPlot" in page and len(page) > 1_000_000  # plotly.js itself is inline
     assert json.dumps("main") in page
+
+
+def test_links_between_notebooks_point_at_their_pages_and_headings_keep_their_anchor(tmp_path):
+    nb = new_notebook(cells=[
+        new_markdown_cell("# Title\n\nThe [Glossary](00_start_here.ipynb#Glossary); [elsewhere](other.ipynb#x)."),
+        new_markdown_cell("## Glossary\n- **PP**: stages."),
+    ])
+    path = tmp_path / "01_x.ipynb"
+    nbformat.write(nb, str(path))
+    body = report.to_html(path).read_text()
+    assert 'href="00_start_here.html#Glossary"' in body and "00_start_here.ipynb" not in body
+    assert 'href="other.ipynb#x"' in body  # not a notebook of the kit: left as it is
+    assert 'id="Glossary"' in body  # the anchor the link lands on (JupyterLab gives the heading the same id)

@@ -107,25 +107,15 @@ def _kind(rec: dict) -> str:
     return {"MainProcess": "front end", "EngineCore": "engine core"}.get(name, name)
 
 
-def startup_table(runs: list[dict], command: str) -> str:
+def startup_table(runs: list[dict]) -> str:
     """Markdown: median [min-max] engine start and per-process plugin time, filtered vs every process."""
-    import platform
     import statistics
-
-    import torch
-    import vllm
-
-    from kit.core.results import machine
 
     def stat(xs: list[float]) -> str:
         return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]" if xs else "-"
 
     kinds = sorted({k for r in runs for k in r["plugin_s"]}, key=lambda k: (k != "front end", k != "engine core", k))
-    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(max([r.get("time", 0) for r in runs], default=0) or None))
-    lines = ["## Patch plugin start-up cost", "",
-             f"Measured {when} UTC on {machine(python=True)}; vLLM {vllm.__version__}, torch {torch.__version__}, "
-             f"{platform.system()}.  ", f"Command: `{command}`", "",
-             "| patches applied | engines | engine start s | " + " | ".join(f"plugin s, {k}" for k in kinds) + " |",
+    lines = ["| patches applied | engines | engine start s | " + " | ".join(f"plugin s, {k}" for k in kinds) + " |",
              "|---" * (3 + len(kinds)) + "|"]
     for filtered, label in ((False, "in every process (KIT_PATCH_EVERY_PROCESS=1)"),
                             (True, "only where their code runs (default)")):
@@ -134,24 +124,32 @@ def startup_table(runs: list[dict], command: str) -> str:
         lines.append(f"| {label} | {len(rs)} | {stat([r['start_s'] for r in rs])} | " + " | ".join(cells) + " |")
     same = len({json.dumps(r["tokens"]) for r in runs}) == 1
     lines += ["", f"Tokens identical across all {len(runs)} engines: {same}. Median [min-max] over fresh engines, "
-              "run alternately (every process, filtered) on a shared machine."]
+              "run alternately (every process, filtered), every record in the --raw file."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``kit patch-overhead startup``: append RUNS x 2 engines' records to --raw; print the table."""
+    """``kit patch-overhead startup``: append RUNS x 2 engines' records to --raw; print the table (with --out, also
+    write it into that file as a results block headed by the records' dates, machine and versions)."""
     import argparse
+    import datetime as dt
+    import sys
 
+    from kit.core.models import REPO_ROOT
+    from kit.core.results import block_key, command_line, header, machine, versions, write_block
     from kit.core.topology import Topology
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="kit patch-overhead", description=main.__doc__)
     ap.add_argument("what", choices=["startup"])
     ap.add_argument("--model", default="tiny-mimo")
     ap.add_argument("--pp", type=int, default=2)
     ap.add_argument("--spec", default="mtp:2")
     ap.add_argument("--runs", type=int, default=1, help="pairs of engines (every process, filtered) to start now")
-    ap.add_argument("--raw", required=True, help="JSONL file the runs are appended to (and the table made from)")
-    ap.add_argument("--out", default=None, help="also write the markdown table to this file")
+    ap.add_argument("--raw", required=True, metavar="FILE",
+                    help="JSONL file the runs are appended to (and the table made from)")
+    ap.add_argument("--out", default=None, metavar="FILE",
+                    help="also write the table into FILE (docs/results/patch-startup.md) as this command's block")
     a = ap.parse_args(argv)
     if a.runs < 0:
         ap.error("--runs must be >= 0")
@@ -161,17 +159,23 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     for _ in range(a.runs):
         for filtered in (False, True):
-            rec = startup_run(topo, filtered)
+            rec = {**startup_run(topo, filtered), "machine": machine(), "versions": versions()}
             with open(a.raw, "a") as f:
                 f.write(json.dumps(rec) + "\n")
     runs = [json.loads(x) for x in open(a.raw)] if os.path.exists(a.raw) else []
-    cmd = (f"kit patch-overhead startup --model {a.model} --pp {a.pp} --spec {a.spec} --runs 1 "
-           f"--raw FILE, {len(runs) // 2} times")
-    table = startup_table(runs, cmd)
-    print(table)
+    if not runs:
+        ap.error(f"--raw {a.raw}: no runs recorded (give --runs N)")
+    times = [dt.datetime.fromtimestamp(r["time"], dt.timezone.utc) for r in runs]
+    last = runs[-1]
+    raw = os.path.abspath(a.raw)
+    recorded = {"until": max(times), "on": last.get("machine"), "with_versions": last.get("versions"),
+                "source": os.path.relpath(raw, REPO_ROOT) if raw.startswith(str(REPO_ROOT) + os.sep) else None}
+    command = command_line("kit patch-overhead", argv)
+    table = startup_table(runs)
+    print(header(command, min(times), **recorded) + "\n\n" + table)
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(table)
+        write_block(a.out, block_key("kit patch-overhead", argv, skip=("--out", "--raw", "--runs")), table, command,
+                    when=min(times), title="Patch plugin start-up cost", **recorded)
     return 0
 
 

@@ -1,27 +1,44 @@
-"""The fault table: ``docs/results/faults.md`` rendered from the records ``kit faults ROW`` appends to
-``docs/results/faults.jsonl`` (``kit faults --render``)."""
+"""The fault table: a results block in ``docs/results/faults.md`` rendered from the records ``kit faults ROW``
+appends to ``docs/results/faults.jsonl`` (``kit faults --render``), headed by the records' own dates, machine and
+versions (:func:`kit.core.results.header`)."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
+from kit.core.models import REPO_ROOT
+from kit.core.results import write_block
+
+COMMAND = "kit faults --render"
+KEY = "kit faults render"
+
+
+def _when(date: str) -> dt.datetime:
+    """A record's ``date`` (``2026-12-02 08:39 UTC``) as an aware datetime."""
+    return dt.datetime.strptime(date, "%Y-%m-%d %H:%M UTC").replace(tzinfo=dt.timezone.utc)
+
 
 def render(jsonl: Path, doc: Path, order: list[str], model: str) -> str:
-    """Write ``doc``: the table from the last record of each row in ``jsonl``, rows in ``order`` (the fault
-    rows of :mod:`kit.checks.faults`), ``model`` the model the rows ran."""
+    """Write the fault block into ``doc``: the table from the last record of each row in ``jsonl``, rows in
+    ``order`` (the fault rows of :mod:`kit.checks.faults`), ``model`` the model the rows ran. The header gives the
+    records' first and last date and the machine and versions they name. Returns the block."""
     recs: dict[str, dict] = {}
     for line in jsonl.read_text().splitlines() if jsonl.exists() else []:
         if line.strip():
             r = json.loads(line)
             recs[r["row"]] = r
     rows = sorted(recs.values(), key=lambda r: order.index(r["row"]) if r["row"] in order else 99)
-    dates = sorted({r["date"] for r in rows})
-    head = rows[0] if rows else {}
-    out = ["# Fault table", "",
-           f"Measured {dates[0] if dates else '?'} to {dates[-1] if dates else '?'} on {head.get('machine', '?')}; "
-           f"{head.get('versions', '?')}. Each row is one locked invocation: "
-           "`flock /tmp/kit-vllm.lock kit faults ROW` (rows and injections: `kit faults --list`; "
-           "records in `docs/results/faults.jsonl`; this file: `kit faults --render`). Model "
+    if not rows:
+        raise ValueError(f"{jsonl}: no fault records to render (run `flock /tmp/kit-vllm.lock kit faults ROW`)")
+    dates = sorted(_when(r["date"]) for r in rows)
+    last = max(rows, key=lambda r: _when(r["date"]))
+    try:
+        source = str(jsonl.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        source = str(jsonl)
+    out = ["Each row is the last record of one locked invocation, `flock /tmp/kit-vllm.lock kit faults ROW` (rows "
+           "and injections: `kit faults --list`). Model "
            f"`{model}`, random weights. *Time* runs from the injection to the line the kit printed or raised; *gone* "
            "to the moment no process of the run was left; *left after* is the leak check of `tests/conftest.py` "
            "(`no_leftovers`: vLLM processes, `/dev/shm` entries, temp-dir sockets and folders, 30 s of grace).",
@@ -35,10 +52,7 @@ def render(jsonl: Path, doc: Path, order: list[str], model: str) -> str:
         left = f"{len(r['leftover_processes'])} / {len(r['leftover_shm'])} / {len(r['leftover_temp'])}"
         line = r["line"].replace("|", "\\|")[:400]
         out.append(f"| {r['fault']} | {r['phase']} | {r['how']} | {secs} | `{line}` | {gone} | {left} |")
-    out += ["| node death (2 nodes, PP=2 + MTP k=2) | generating | SIGKILL to node 1's worker mid-request "
-            "(`tests/test_multinode.py`, recorded in `docs/multinode.md`) | within the test's 30 s bound | "
-            "`NodeError: /v1/completions abandoned: node 1 (127.0.0.3, headless follower): a vLLM process died: ...` "
-            "| – | 0 (`no_leftovers`; the test passed in 114 s) |", ""]
+    out.append("")
     out += ["Notes:", "",
             "- SIGKILL rows: the caller dies at once and prints nothing; *gone* is the kit's guard ending the tree "
             "(parent-death signal) and removing its `/dev/shm` entries and temp folder.",
@@ -54,7 +68,9 @@ def render(jsonl: Path, doc: Path, order: list[str], model: str) -> str:
             "already in use\" in a server's log as a start-up failure. That path is not injected here.",
             "- Earlier records of a row stay in `faults.jsonl`; the table shows each row's last. The side-channel "
             "row's earlier record (38.93 s) is from before `PDPair` ended the other server when one failed before "
-            "it had a process.", ""]
+            "it had a process.",
+            "- A node's death in a two-node run is not a row here: `tests/test_multinode.py` kills node 1's worker "
+            "mid-request and holds the report to 30 s ([multinode](../multinode.md)).", ""]
     notes = [r for r in rows if r.get("leftover_processes") or r.get("leftover_shm") or r.get("leftover_temp")
              or r.get("outcome") in ("missed", "error", "failed")]
     if notes:
@@ -63,6 +79,5 @@ def render(jsonl: Path, doc: Path, order: list[str], model: str) -> str:
             out.append(f"- {r['row']}: outcome {r.get('outcome')}; left {r['leftover_processes'][:3]} "
                        f"{r['leftover_shm'][:3]} {r['leftover_temp'][:3]}")
         out.append("")
-    text = "\n".join(out)
-    doc.write_text(text)
-    return text
+    return write_block(doc, KEY, "\n".join(out), COMMAND, when=dates[0], until=dates[-1], title="Fault table",
+                       on=last["machine"], with_versions=last["versions"], source=source)

@@ -151,6 +151,7 @@ CASES: list[Case] = [
     cli("unknown subcommand", "nosuch", "invalid choice: 'nosuch'"),
     cli("kit doctor: unknown option", "doctor --bogus", "unrecognized arguments: --bogus"),
     cli("kit matrix: --write a directory", f"matrix --write {TMP}/dir", "is a directory"),
+    cli("kit matrix: an unknown cell id", "matrix --cells tiny-mimo-pp9", "no cell tiny-mimo-pp9"),
     cli("kit report: --only selects no notebook", f"report --out {TMP}/reports --only no-such-notebook",
         "no notebook name contains it"),
     cli("kit report: --out a file", f"report --out {TMP}/empty.jsonl", "not a directory"),

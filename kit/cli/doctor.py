@@ -5,6 +5,8 @@ import json
 import os
 import platform
 
+from kit.lab.doctor_report import text
+
 
 def cmd_doctor(args) -> int:
     import psutil
@@ -51,19 +53,7 @@ def cmd_doctor(args) -> int:
     if args.json:
         print(json.dumps(info))
         return 0
-    for k, v in info.items():
-        if k not in ("patches", "runner", "patches_by_runner"):
-            print(f"{k:22s} {v}")
-    r = info["runner"]
-    print(f"{'runner':22s} {r['default']} by default on {r['device']} ({r['why']}); Topology(runner=...) or "
-          "--runner picks v1/v2")
-    for name, names in info["patches_by_runner"].items():
-        print(f"{'patches for ' + name:22s} {', '.join(names) or '(none)'}")
-    print("\npatches (name, processes, runner, kind, status; upstream thread):")
-    for p in info["patches"]:
-        procs = ",".join(p.get("processes", [])) or "?"
-        print(f"  {p['name']:32s} {procs:20s} {p.get('runner', '?'):4s} {p.get('kind', '?'):9s} {p['status']}\n"
-              f"  {'':32s} {p.get('upstream', '')}")
+    print(text(info))
     return 1 if info["patch_failures"] else 0
 
 

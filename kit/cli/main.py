@@ -1,9 +1,9 @@
 """The ``kit`` command: one argparse tree (``python -m kit ...`` too), grouped by what a command is for.
 
 The commands with their own argparse parsers are registered here (``compare``, ``pd``, ``bench``, ``matrix``,
-``report``, ``doctor``); the tools below them hand their arguments, unparsed, to the module's own ``main(argv)``
-(``kit faults ...`` runs ``kit.checks.faults.main``). Exit codes: 0 success / identical, 1 not identical or a
-failed run, 2 bad input (checked before any process starts: one line on stderr).
+``report``, ``doctor``, ``patches check``); the tools below them hand their arguments, unparsed, to the module's own
+``main(argv)`` (``kit faults ...`` runs ``kit.checks.faults.main``). Exit codes: 0 success / identical, 1 not
+identical or a failed run, 2 bad input (checked before any process starts: one line on stderr).
 """
 from __future__ import annotations
 
@@ -55,9 +55,10 @@ GROUPS: list[tuple[str, list]] = [
         Tool("notebook", "kit.lab.notebook", "sync or check the notebooks' .py/.ipynb pairs"),
         Tool("patch-docs", "kit.patches.docs", "write (or --check) docs/patches.md from the patch registry"),
         Tool("bad-input", "kit.cli.bad_input", "run the bad-input cases; write (or --check) docs/bad-input.md"),
+        Tool("test-report", "kit.lab.test_report", "docs/results/tests.md from pytest's JUnit XML reports"),
     ]),
     ("set-up", [
-        "doctor",
+        "doctor", "patches",
         Tool("clean", "kit.cli.clean", "remove run folders left in the cache (failed or kept runs), --all also checkpoints"),
     ]),
 ]
@@ -65,7 +66,7 @@ GROUPS: list[tuple[str, list]] = [
 
 def _register(sub) -> None:
     from kit.bench import measure
-    from kit.checks import compare, matrix
+    from kit.checks import compare, matrix, patch_compat
     from kit.cli.doctor import cmd_doctor
     from kit.lab import report
     from kit.pd import cli as pd_cli
@@ -76,6 +77,7 @@ def _register(sub) -> None:
     pd_cli.register(sub)
     measure.register(sub)
     matrix.register(sub)
+    patch_compat.register(sub)
     report.register(sub)
 
 

@@ -80,11 +80,37 @@ def command_line(prog: str, argv: list[str], env: dict[str, str] | None = None) 
     return " ".join(prefix + [shlex.join([*shlex.split(prog), *argv])])
 
 
-def header(command: str, when: _dt.datetime | None = None) -> str:
-    """Two lines: date (UTC), machine and versions; then the command."""
-    when = when or _dt.datetime.now(_dt.timezone.utc)
-    return (f"Measured {when.astimezone(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC on {machine()}; {versions()}.  \n"
+def header(command: str, when: _dt.datetime | None = None, until: _dt.datetime | None = None,
+           on: str | None = None, with_versions: str | None = None, source: str | None = None) -> str:
+    """Two lines: date (UTC), machine and versions; then the command.
+
+    A block rendered again from recorded runs (``kit faults --render``, ``kit test-report``) gives the runs' own
+    span (``when`` to ``until``), machine (``on``) and versions (``with_versions``), and names the records
+    (``source``): ``...; rendered from docs/results/faults.jsonl.``. :data:`HEADER` reads the lines back.
+    """
+    when = (when or _dt.datetime.now(_dt.timezone.utc)).astimezone(_dt.timezone.utc)
+    span = f"{when:%Y-%m-%d %H:%M}"
+    if until is not None:
+        until = until.astimezone(_dt.timezone.utc)
+        if f"{until:%Y-%m-%d %H:%M}" != span:
+            span += f"–{until:%H:%M}" if until.date() == when.date() else f"–{until:%Y-%m-%d %H:%M}"
+    rendered = f"; rendered from {source}" if source else ""
+    return (f"Measured {span} UTC on {on or machine()}; {with_versions or versions()}{rendered}.  \n"
             f"Command: `{command}`")
+
+
+# The two header lines as :func:`header` writes them (tests/test_results_headers.py holds every block to them).
+HEADER = re.compile(
+    r"Measured (?P<start>\d{4}-\d\d-\d\d \d\d:\d\d)(?:–(?P<end>(?:\d{4}-\d\d-\d\d )?\d\d:\d\d))? UTC"
+    r" on (?P<machine>[^;]+, \d+ cores, \d+ GiB); (?P<versions>vLLM [^;]+, torch [^;]+, Python [^;]+?)"
+    r"(?:; rendered from (?P<source>[^;\s]+))?\.  \n"
+    r"Command: `(?P<command>[^`]+)`\n")
+BLOCK = re.compile(r"<!-- results:begin (?P<key>.*?) -->\n(?P<body>.*?)<!-- results:end (?P=key) -->", flags=re.S)
+
+
+def blocks(text: str) -> list[re.Match]:
+    """The results blocks of a document (begin and end markers of one key), in order."""
+    return list(BLOCK.finditer(text))
 
 
 def block_key(prog: str, argv: list[str], skip: tuple[str, ...] = ("--write",)) -> str:
@@ -126,14 +152,15 @@ def check_writable(path: str | Path) -> str | None:
 
 
 def write_block(path: str | Path, key: str, body: str, command: str, when: _dt.datetime | None = None,
-                title: str = "Results") -> str:
+                title: str = "Results", **recorded: str | _dt.datetime | None) -> str:
     """Write ``body`` headed by :func:`header` into ``path`` between the markers for ``key``.
 
     An existing block with that key is replaced in place; otherwise the block is appended (a missing file is
-    created with ``# title``). Returns the block written.
+    created with ``# title``). ``recorded``: :func:`header`'s ``until``, ``on``, ``with_versions`` and ``source``
+    for a block rendered from recorded runs. Returns the block written.
     """
     begin, end = markers(key)
-    block = f"{begin}\n{header(command, when)}\n\n{body.strip()}\n{end}"
+    block = f"{begin}\n{header(command, when, **recorded)}\n\n{body.strip()}\n{end}"
     p = Path(path)
     old = p.read_text() if p.exists() else f"# {title}\n"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), flags=re.S)

@@ -2,8 +2,15 @@
 
 The engine runs in a subprocess (:mod:`kit.engine.child`) or as ``vllm``'s API server, and both write one log
 file. :class:`Status` follows that log and turns known lines into phases (importing vLLM, starting the
-engine core, loading weights, KV cache and warm-up, ready in N s, generating k/N prompts). It draws with
-``tqdm.auto``: a widget line in JupyterLab, a ``\\r``-updated line on stderr elsewhere (the CLI).
+engine core, loading weights, KV cache and warm-up, ready in N s, generating k/N prompts). How it shows depends
+on where stderr goes:
+
+- a Jupyter kernel (JupyterLab, papermill): ``tqdm.auto``'s widget line (a ``\\r``-updated text line where
+  ipywidgets is missing), and the final line left as text in the cell's output;
+- a terminal (``sys.stderr.isatty()``): one line redrawn in place with ``\\r`` (tqdm);
+- anything else (a file, a pipe, a CI log): plain lines and no ``\\r``: one when the phase changes, one per
+  quarter of the prompts generated (0, 25, 50, 75, 100 %), the same line again at most every
+  :data:`REPEAT_SECONDS` while a phase lasts (so the log shows the run is alive), and the final line.
 
 Off with ``quiet=True``, :func:`set_quiet`, or ``KIT_QUIET=1`` in the environment.
 """
@@ -18,6 +25,8 @@ from pathlib import Path
 
 ENV_QUIET = "KIT_QUIET"
 _quiet_default: bool | None = None
+# Without a terminal: a phase that lasts repeats its line at most this often.
+REPEAT_SECONDS = 60.0
 
 # The runner prints these lines (to its log) for the parent to follow.
 RUNNER_STARTED = "[kit.engine.child] engine started in {seconds:.1f} s"
@@ -76,16 +85,37 @@ class LogFollower:
         return [_ANSI.sub("", ln.decode(errors="replace")) for ln in lines]
 
 
+def _in_jupyter_kernel() -> bool:
+    """Running under ipykernel (JupyterLab, papermill): its output streams say ``isatty()`` False but show
+    ``\\r`` and widgets."""
+    return "ipykernel.zmqshell" in sys.modules or "IPython.utils._process_emscripten" in sys.modules
+
+
+def display_kind(stream) -> str:
+    """How a status line is shown on ``stream``: ``"jupyter"`` (tqdm.auto: a widget, or ``\\r`` text where
+    ipywidgets is missing), ``"redraw"`` (a terminal: tqdm's ``\\r`` line) or ``"lines"`` (plain lines)."""
+    if _in_jupyter_kernel():
+        return "jupyter"
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
+        tty = False
+    return "redraw" if tty else "lines"
+
+
 class Status:
     """The status line of one engine or server. Call :meth:`poll` from the wait loop, :meth:`close` at the end.
 
     ``text`` (the current line without the bar) and ``ready_seconds`` are kept for callers and tests.
+    ``stream`` (default ``sys.stderr`` at construction) and ``clock`` (default :func:`time.monotonic`) are there
+    for tests.
     """
 
     def __init__(self, label: str, log_path: Path | None = None, quiet: bool | None = None,
-                 first_phase: str = "starting (importing vLLM)"):
+                 first_phase: str = "starting (importing vLLM)", stream=None, clock=None):
         self.label = label
-        self.t0 = time.monotonic()
+        self.clock = clock or time.monotonic
+        self.t0 = self.clock()
         self.follower = LogFollower(log_path)
         self.phase = first_phase
         self._rank = -1
@@ -93,16 +123,26 @@ class Status:
         self.generated: tuple[int, int] | None = None
         self.text = ""
         self.bar = None
+        self.stream = None  # "lines" mode: the stream written to
+        self._said: tuple | None = None  # "lines" mode: the milestone of the last line written
+        self._said_at = 0.0
         if not is_quiet(quiet):
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=None, bar_format="{desc}", file=sys.stderr, leave=True, dynamic_ncols=True,
-                            mininterval=0.5)
+            stream = sys.stderr if stream is None else stream
+            kind = display_kind(stream)
+            if kind == "lines":
+                self.stream = stream
+            else:
+                if kind == "jupyter":
+                    from tqdm.auto import tqdm
+                else:
+                    from tqdm import tqdm
+                self.bar = tqdm(total=None, bar_format="{desc}", file=stream, leave=True, dynamic_ncols=True,
+                                mininterval=0.5)
         self._draw()
 
     @property
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        return self.clock() - self.t0
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -147,11 +187,27 @@ class Status:
         parts.append(f"{final} after {self.elapsed:.0f} s" if final else f"{self.phase} · {self.elapsed:.0f} s")
         return " ".join(parts)
 
+    def _milestone(self, final: str | None) -> tuple:
+        """What a plain line reports: a new value is worth a line (the elapsed seconds alone are not)."""
+        if final:
+            return ("final", final)
+        if self.generated and self.phase.startswith("generating "):
+            done, total = self.generated
+            return ("generating", 4 * done // total if total > 0 else 4)  # quarters: 0..4
+        return ("phase", self.phase, self.ready_seconds is not None)
+
     def _draw(self, final: str | None = None) -> None:
         self.text = self._line(final)
         if self.bar is not None:
             self.bar.set_description_str(self.text, refresh=False)
             self.bar.refresh()
+        elif self.stream is not None:
+            milestone = self._milestone(final)
+            now = self.clock()
+            if milestone != self._said or now - self._said_at >= REPEAT_SECONDS:
+                self._said, self._said_at = milestone, now
+                self.stream.write(self.text + "\n")
+                self.stream.flush()
 
     def close(self, final: str | None = None, failed: bool = False) -> None:
         """Last redraw (``final`` replaces the phase, e.g. "done"), then leave the line on screen."""
@@ -168,6 +224,7 @@ class Status:
             if widget:
                 # A saved notebook keeps no widget state: leave the final line as text in the cell's output.
                 print(self.text, flush=True)
+        self.stream = None
 
     def __enter__(self) -> "Status":
         return self

@@ -56,6 +56,40 @@ def claim(holds: bool, text: str, detail: object = None, *, timed: bool = False)
     print(f"CLAIM: {text}" + (" [timed]" if timed else ""), flush=True)
 
 
+def doctor_output(stdout: str, returncode: int) -> dict:
+    """What a notebook shows of ``kit doctor --json``'s output: ``{"text/plain": ..., "text/html": ...}``.
+
+    One summary line (:func:`kit.lab.doctor_report.summary`) with the full report folded under it (``<details>``); when a
+    patch failed, the doctor failed, or its output is not JSON, the full report is open and in the plain text too.
+    """
+    import html
+    import json
+
+    from kit.lab.doctor_report import summary, text
+
+    try:
+        info = json.loads(stdout.strip().splitlines()[-1])
+        line, full = "kit doctor: " + summary(info), text(info)
+        failed = bool(returncode or info.get("patch_failures") or info.get("patch_error"))
+    except (ValueError, IndexError, KeyError, TypeError):
+        line, full, failed = f"kit doctor: no report (exit code {returncode})", stdout, True
+    folded = (f"<details{' open' if failed else ''}><summary><code>{html.escape(line)}</code></summary>"
+              f"<pre>{html.escape(full)}</pre></details>")
+    return {"text/plain": line + ("\n" + full if failed else ""), "text/html": folded}
+
+
+def show_doctor(timeout: float = 300) -> None:
+    """Run ``kit doctor`` in a subprocess (it applies the patches in its own process) and show
+    :func:`doctor_output`: one line, the full report folded under it (open when something failed)."""
+    import subprocess
+
+    from IPython.display import display
+
+    r = subprocess.run([sys.executable, "-m", "kit", "doctor", "--json"], capture_output=True, text=True,
+                       timeout=timeout)
+    display(doctor_output(r.stdout or r.stderr, r.returncode), raw=True)
+
+
 # -- the .py <-> .ipynb pairing --------------------------------------------------------------------
 
 def _config(directory: Path):

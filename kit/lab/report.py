@@ -47,6 +47,22 @@ def execute(nb: Path, out_dir: Path, parameters: dict | None = None, timeout: fl
     return out, time.monotonic() - t0, err
 
 
+# A link from one notebook to another (``00_start_here.ipynb#Glossary``) as nbconvert writes it.
+NOTEBOOK_LINK = re.compile(r'href="([0-9][0-9]_[A-Za-z0-9_]+)\.ipynb(#[^"]*)?"')
+
+
+def link_pages(body: str) -> str:
+    """Links between the notebooks, pointed at their report pages: ``NN_name.ipynb#anchor`` becomes
+    ``NN_name.html#anchor`` for every notebook of the kit (``kit report`` writes the pages side by side; nbconvert
+    gives each heading the id JupyterLab gives it, ``#Glossary`` for ``## Glossary``)."""
+    def page(m: re.Match) -> str:
+        if not (NOTEBOOKS / f"{m.group(1)}.ipynb").exists():
+            return m.group(0)
+        return f'href="{m.group(1)}.html{m.group(2) or ""}"'
+
+    return NOTEBOOK_LINK.sub(page, body)
+
+
 def to_html(executed: Path) -> Path:
     import nbformat
     from nbconvert import HTMLExporter
@@ -54,7 +70,7 @@ def to_html(executed: Path) -> Path:
     nb = nbformat.read(str(executed), as_version=4)
     body, _ = HTMLExporter().from_notebook_node(nb)
     out = executed.with_suffix(".html")
-    out.write_text(body)
+    out.write_text(link_pages(body))
     return out
 
 

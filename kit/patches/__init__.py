@@ -130,6 +130,24 @@ class StepProbe:
 
 
 @dataclass(frozen=True)
+class Anchor:
+    """Code a patch relies on in vLLM beyond the symbols it replaces, for ``kit patches check``
+    (:mod:`kit.checks.patch_compat`), which looks for it in a vLLM source tree without importing it.
+
+    ``symbol`` (``"module:qualname"``, or ``"module:"`` for the whole module) must exist; with ``text``, its
+    source must hold that fragment (``present``; ``False``: must not hold it; ``once``: exactly once), the text the
+    patch's ``needed()`` or source rewrite looks for (the patch module uses the same constant); ``whole``: the
+    patch puts a copy of the targeted vLLM's definition in its place, so any change to the definition counts.
+    """
+
+    symbol: str
+    text: str = ""
+    present: bool = True
+    once: bool = False
+    whole: bool = False
+
+
+@dataclass(frozen=True)
 class Patch:
     """One fix, with everything ``docs/patches.md`` and ``kit doctor`` show about it."""
 
@@ -154,6 +172,8 @@ class Patch:
     report_only: bool = False
     # kind == PER_STEP: the wrapper's no-op path for kit.bench.patch_overhead (None: not on the PP=1 no-spec path).
     step_probe: "Callable[[int], StepProbe] | None" = None
+    # What else it relies on in vLLM's code: symbols it reads and the source text its needed() or rewrite looks for.
+    anchors: tuple[Anchor, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "processes", frozenset(Proc(p) for p in self.processes))

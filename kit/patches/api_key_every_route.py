@@ -20,17 +20,20 @@ Turn off: ``KIT_PATCHES=all,-api_key_every_route``.
 """
 from __future__ import annotations
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "api_key_every_route"
 # The one route that answers without the key: the liveness probe the kit and load balancers poll.
 OPEN_ROUTES = frozenset({("GET", "/health"), ("HEAD", "/health")})
+MODULE = "vllm.entrypoints.serve.middleware.authenticate"
+SYMBOL = MODULE + ":AuthenticationMiddleware.__call__"
+DEFECT = "GUARDED_PREFIX"  # the defect: __call__ checks the key only under these path prefixes
 
 
 def _module():
     import importlib
 
-    return importlib.import_module("vllm.entrypoints.serve.middleware.authenticate")
+    return importlib.import_module(MODULE)
 
 
 def _wrap(orig):
@@ -51,7 +54,7 @@ def _wrap(orig):
 def _needed() -> "bool | str":
     import inspect
 
-    return "GUARDED_PREFIX" in inspect.getsource(_module().AuthenticationMiddleware.__call__)
+    return DEFECT in inspect.getsource(_module().AuthenticationMiddleware.__call__)
 
 
 def _apply() -> None:
@@ -69,7 +72,7 @@ PATCH = Patch(
          "except OPTIONS and GET/HEAD /health, with vLLM's own token check."),
     upstream="none found (vLLM documents the key as guarding the /v1 API)",
     target="vLLM 0.32.0 (vllm/entrypoints/serve/middleware/authenticate.py AuthenticationMiddleware.__call__)",
-    symbols=("vllm.entrypoints.serve.middleware.authenticate:AuthenticationMiddleware.__call__",),
+    symbols=(SYMBOL,),
     processes={Proc.FRONT_END},
     runner=Runner.ANY,
     kind=Kind.START_UP,
@@ -77,6 +80,8 @@ PATCH = Patch(
     tests=("tests/test_security.py::test_api_key_every_route_off_and_on",
            "tests/test_pd.py::test_pd_tree_listens_on_loopback_only_and_wants_its_api_key"),
     findings="the-api-key-guards-only-v1",
+    anchors=(Anchor(SYMBOL, DEFECT), Anchor(MODULE + ":AuthenticationMiddleware.verify_token"),
+             Anchor(MODULE + ":Headers"), Anchor(MODULE + ":JSONResponse")),  # what the replacement uses
     apply=_apply,
     needed=_needed,
 )

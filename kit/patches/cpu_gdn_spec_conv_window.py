@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_gdn_spec_conv_window"
 _MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
@@ -223,6 +223,11 @@ PATCH = Patch(
     tests=("tests/test_qwen3_5.py::test_gdn_short_spec_steps_off_and_on (off and on, -m slow)",
            "tests/test_qwen3_5.py::test_verified_tokens_computed_as_decode_steps_off_and_on (off and on, -m slow)"),
     findings="cpu-gdn-speculation-steps-with-fewer-than-k-drafts",
+    # a copy of 0.32.0's function: any change to vLLM's is lost under it; the names the copy reads from the module
+    anchors=(Anchor(_MODULE + ":_spec_forward", _STOCK_ROLL, whole=True),
+             *(Anchor(f"{_MODULE}:{n}") for n in ("GDNAttentionMetadata", "is_arm_bf16", "_causal_conv1d_update_cpu",
+                                                  "_unpacked_conv_weight", "causal_conv1d_update_cpu", "ops")),
+             Anchor("vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_cpu")),
     apply=_apply,
     needed=_needed,
 )

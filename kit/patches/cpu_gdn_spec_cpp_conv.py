@@ -28,16 +28,19 @@ import functools
 import importlib
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_gdn_spec_cpp_conv"
 _MODULE = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+# The condition under which the speculation-aware path uses the C++ conv (the defect: not on AVX-512 BF16 alone).
+_AMX_ONLY = "_is_amx_tile_supported() or is_arm_bf16()"
+_CPU_WEIGHT = "_cpu_unpacked_conv_weight"  # where vLLM keeps a packed layer's unpacked weight (read by the wrapper)
 _PACKED: dict[int, object] = {}   # data_ptr of a layer's unpacked (dim, width) conv weight -> its packed weight
 
 
 def _needed() -> "bool | str":
     g = importlib.import_module(_MODULE)
-    return "_is_amx_tile_supported() or is_arm_bf16()" in inspect.getsource(g._spec_aware_nonspec)
+    return _AMX_ONLY in inspect.getsource(g._spec_aware_nonspec)
 
 
 def _stage(conv_states, idx, width: int):
@@ -59,7 +62,7 @@ def _wrap_unpacked(orig):
     @functools.wraps(orig)
     def _unpacked_conv_weight(layer):
         w = orig(layer)
-        if getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is w:   # packed at load: the C++ path's weight
+        if getattr(layer.conv1d, _CPU_WEIGHT, None) is w:   # packed at load: the C++ path's weight
             _PACKED[w.data_ptr()] = layer.conv1d.weight
         return w
 
@@ -137,6 +140,11 @@ PATCH = Patch(
     tests=("tests/test_patches.py::test_gdn_spec_conv_matches_the_no_spec_kernel",
            "tests/test_qwen3_5.py::test_random_weights_spec_matches_no_spec_off_and_on (off and on, -m slow)"),
     findings="cpu-gdn-speculation-torch-conv-fallback-without-amx",
+    anchors=(Anchor(_MODULE + ":_spec_aware_nonspec", _AMX_ONLY),
+             Anchor(_MODULE + ":_unpacked_conv_weight", _CPU_WEIGHT),
+             Anchor("vllm._custom_ops:causal_conv1d_fwd_cpu"), Anchor("vllm._custom_ops:causal_conv1d_update_cpu"),
+             Anchor("vllm.v1.attention.backends.utils:NULL_BLOCK_ID"),
+             Anchor("vllm.v1.attention.backends.utils:PAD_SLOT_ID")),
     apply=_apply,
     needed=_needed,
 )

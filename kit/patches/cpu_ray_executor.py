@@ -22,7 +22,7 @@ Turn off: ``KIT_PATCHES=all,-cpu_ray_executor``.
 """
 from __future__ import annotations
 
-from kit.patches import MARK, Kind, Patch, Proc, Runner, install
+from kit.patches import MARK, Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_ray_executor"
 DEVICE_KEY = "CPU"
@@ -118,6 +118,8 @@ PATCH = Patch(
     tests=("tests/test_ray.py::test_pp2_mtp2_on_ray_executor_two_nodes",
            "tests/test_ray.py::test_ray_executor_without_the_patch_refuses_the_cpu_platform"),
     findings="the-ray-executor-on-the-cpu-build",
+    # the defect: CpuPlatform sets no ray_device_key of its own (it inherits the empty one)
+    anchors=(Anchor("vllm.platforms.cpu:CpuPlatform", "ray_device_key", present=False),),
     apply=_apply,
     needed=_needed,
 )

