@@ -143,29 +143,3 @@ def test_glm4_moe_pp4_stage_of_dense_layers_starts(patched, no_leftovers):
             engine.generate(t, _prompts()[:1], max_tokens=4, env=env, timeout=600)
 
 
-# -- opt-in: one engine step at a time under sync PP with drafts -----------------------------------
-
-@pytest.mark.slow
-def test_engine_step_patch_keeps_tokens_and_fills_every_step(no_leftovers):
-    """pp_spec_engine_step off (default): the batch queue schedules while a step is in flight, so a step comes out
-    empty (every request in flight) or without the in-flight requests (held out; a batch split at arrival stays
-    split); on: neither, and the tokens are still the PP=1 reference's."""
-    from kit.worker import steptrace
-
-    prompts = _prompts()
-    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2")
-    ref = reference_for(t, prompts, MAX_TOKENS)
-    jobs = [{"kind": "rpc", "method": "kit_trace_start"},
-            {"kind": "generate", "prompts": prompts, "max_tokens": MAX_TOKENS},
-            {"kind": "rpc", "method": "kit_trace_read"}]
-    seen = {}
-    for patches_env in ("all", "all,pp_spec_engine_step"):
-        res = engine.run(t, jobs, env={"KIT_PATCHES": patches_env})
-        r = engine.GenerationResult.from_dict(res["jobs"][1])
-        assert first_divergence(ref, r) is None, (patches_env, first_divergence(ref, r))
-        seen[patches_env] = steptrace.summary(steptrace.merge(res["jobs"][2]))
-    off, on = seen["all"], seen["all,pp_spec_engine_step"]
-    # Recorded run (8 prompts at once): off had 0 empty steps and 304 requests held out (the batch split).
-    assert off["empty_steps"] + off["held_out"] > 0, off
-    assert on["empty_steps"] == 0 and on["held_out"] == 0, on
-    assert on["decode_steps"] <= off["decode_steps"], (on, off)

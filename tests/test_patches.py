@@ -16,8 +16,6 @@ def test_selection(monkeypatch):
     reg = patches.registry()
     monkeypatch.setenv("KIT_PATCHES", "all")
     assert patches.selected_names() == [n for n, p in reg.items() if not (p.teaching_only or p.opt_in)]
-    monkeypatch.setenv("KIT_PATCHES", "all,pp_spec_engine_step")   # an opt-in patch is on only when named
-    assert "pp_spec_engine_step" in patches.selected_names()
     monkeypatch.setenv("KIT_PATCHES", "none")
     assert patches.selected_names() == []
     monkeypatch.setenv("KIT_PATCHES", "all,-pp_spec_schedule_gate")

@@ -75,7 +75,6 @@ INDEX: tuple[str, ...] = (
     "pp_microbatches",
     "pp_spec_token_history",
     "pp_spec_hybrid_accepted_count",
-    "pp_spec_engine_step",      # opt-in
     "eagle3_aux_hidden_states_over_pp",
     "glm4_moe_dense_stage",
     # PD disaggregation with NIXL

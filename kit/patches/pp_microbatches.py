@@ -31,15 +31,11 @@ import functools
 from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "pp_microbatches"
-ONE_STEP = "pp_spec_engine_step"  # the opt-in one-step loop: no batch queue, nothing to take turns in
 DRAFTS = "kit_draft_token_ids"  # the attribute of a ModelRunnerOutput that carries its step's drafts
 
 
 def _pipelined(vllm_config) -> bool:
-    from kit.patches import is_active
-
-    return vllm_config.parallel_config.pipeline_parallel_size > 1 \
-        and not vllm_config.scheduler_config.async_scheduling and not is_active(ONE_STEP)
+    return vllm_config.parallel_config.pipeline_parallel_size > 1 and not vllm_config.scheduler_config.async_scheduling
 
 
 def _active(sched) -> bool:
