@@ -117,7 +117,8 @@ for k in KS:
 
 # %% [markdown]
 # **Try it (no engine starts):** move k and *a*; the first line uses the conditional rates measured at the largest k,
-# the second one rate *a* for every position.
+# the second one rate *a* for every position. The lines at the sliders' starting values are printed first, as plain
+# output (what the HTML report shows); the sliders print the new values under themselves.
 
 # %%
 import ipywidgets as W
@@ -126,8 +127,9 @@ def tokens_per_round(k=len(c_meas), a=round(a, 2)):
     print(f"k={k}: measured conditional rates {[round(x, 2) for x in c_meas[:k]]} -> "
           f"{expected_tokens(c_meas, k):.2f} tokens per round")
     print(f"k={k}: one rate a={a:.2f} for every position      -> {expected_tokens(a, k):.2f} tokens per round")
-W.interact(tokens_per_round, k=W.IntSlider(value=len(c_meas), min=1, max=len(c_meas)),
-           a=W.FloatSlider(value=round(a, 2), min=0.0, max=0.99, step=0.01));
+kit.lab.notebook.interact_static(tokens_per_round, note="Above: the starting values. Move a slider to print the new ones here.",
+                                 k=W.IntSlider(value=len(c_meas), min=1, max=len(c_meas), description="k"),
+                                 a=W.FloatSlider(value=round(a, 2), min=0.0, max=0.99, step=0.01, description="a"));
 
 # %% [markdown]
 # **Predict, then run:** with one acceptance rate a = 0.8, how many tokens does a round with k = 4 drafts yield,
@@ -222,9 +224,12 @@ for pp, p in lows.items():
 # ## Try it yourself
 # Pick k, PP, temperature and a prompt, then press Run (widgets; the defaults above run headless). Each press starts
 # one engine, about 15-25 s on 2 cores at PP=1 or 2 and about 40 s at PP=4; the button stays disabled meanwhile.
+# Nothing starts until a press: above the controls, what the runs of this notebook already produced at their starting
+# values (the HTML report has no live widgets, so that is what it shows).
 
 # %%
 import ipywidgets as W
+from IPython.display import Pretty
 k_w = W.IntSlider(value=2, min=1, max=4, description="k")
 pp_w = W.Dropdown(options=[1, 2, 4], value=2, description="PP")
 t_w = W.FloatSlider(value=0.0, min=0.0, max=1.5, step=0.1, description="temperature")
@@ -241,4 +246,17 @@ def _run(_):
     finally:
         btn.disabled = False
 btn = W.Button(description="Run"); btn.on_click(_run)
+# The static rendering of the starting values, from the greedy runs above: no engine starts here.
+start = results.get((pp_w.value, k_w.value))
+what = ("**Run** starts one engine with the values below and prints its text and acceptance counters under the "
+        "button (live only).")
+if start is not None and t_w.value == 0 and p_w.value == prompts[0]:
+    display(Markdown(f"{what} At the starting values (k={k_w.value}, PP={pp_w.value}, temperature 0: greedy, the "
+                     f"first prompt) the greedy run above at k={k_w.value}, PP={pp_w.value} generated this for that "
+                     f"prompt, submitted together with the other {len(prompts) - 1}; the counters are that engine's, over "
+                     f"all {len(prompts)} prompts:"))
+    display(Pretty(f"{start.texts[0]}\n{start.spec}"))
+else:
+    display(Markdown(f"{what} No run above used its starting values (k={k_w.value}, PP={pp_w.value}, "
+                     f"temperature {t_w.value}), so there is nothing to show until Run is pressed."))
 display(W.VBox([k_w, pp_w, t_w, p_w, btn, out]))

@@ -22,9 +22,9 @@
 # (`kit bench --breakdown`: the worker's step, the target forward per stage, the drafter's proposal), fitted per
 # (model, PP size, batch).
 #
-# Two models of the same layout (MiMo, one MTP layer): `tiny-mimo` (1.6 M parameters: vLLM's fixed per-step cost
-# dominates its forward) and `mimo-py-18m` (17.8 M parameters trained on Python source: its forward is about half
-# of a step).
+# Two models of the same layout (MiMo, one MTP layer): `tiny-mimo` (1.6 M parameters) and `mimo-py-18m` (17.8 M
+# parameters trained on Python source). How much of a step each one's target forward takes is measured below; every
+# number and direction this notebook states about the measured rows is formatted from them (`kit.lab.payoff_text`).
 #
 # Words used here (verify round, acceptance rate, occupancy, ...) are defined in the
 # [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
@@ -47,11 +47,12 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from IPython.display import Markdown
 
 import kit
 import kit.lab.notebook
 from kit.bench import payoff
-from kit.lab import payoff_plots
+from kit.lab import payoff_plots, payoff_text
 from kit.lab.notebook import claim
 kit.lab.notebook.setup(timed_claims=TIMED_CLAIMS)
 
@@ -75,10 +76,10 @@ claim(round(ex[2][0], 2) == 1.88 and round(ex[2][1], 2) == 0.24 and round(ex[4][
 
 # %% [markdown]
 # ## The measured table
-# The full run (`mimo-py-18m` and `tiny-mimo`, PP = 1 and 2, no speculation and MTP k = 1..3, batch 1 and 4, several
-# fresh engines per row) takes far longer than this notebook may: it is a command, and its rows are loaded here
-# from `docs/results/bench.json`, which the command wrote (`docs/results/bench.md` and `docs/results/payoff.md`
-# give its date, machine and exact command). A small live run follows further down.
+# The full run (several fresh engines per row) takes far longer than this notebook may: it is a command, and its
+# rows are loaded here from `docs/results/bench.json`, which the command wrote (`docs/results/bench.md` and
+# `docs/results/payoff.md` give its date, machine and exact command); the cell lists what it covers. A small live
+# run follows further down.
 
 # %%
 measured = json.loads(Path(MEASURED_JSON).read_text())
@@ -90,6 +91,7 @@ prows = [{"model": r["model"], "pp": r["pp"], "batch": r["batch"], "k": r["k"],
           "components": r["components"]} for r in rows if r.get("batch") and r.get("components")]
 costs = payoff.costs_by_group(prows)
 preds = payoff.predict(prows, tolerance=BAND)
+display(Markdown(payoff_text.coverage(rows)))
 table = pd.DataFrame([{"model": p["model"], "PP": p["pp"], "batch": p["batch"], "k": p["k"],
                        "mean accept len": round(p["tokens_per_forward"], 2), "a": round(p["acceptance"], 3),
                        "measured": round(p["measured"], 2), "predicted": round(p["predicted"], 2),
@@ -102,22 +104,23 @@ table
 
 # %% [markdown]
 # Step costs per (model, PP, batch), in ms: `T(0)` is a plain decode step; `forward(n)` the target forward over n
-# tokens (all stages), `draft(k)` the drafter's proposal. On `tiny-mimo` the fixed part is most of a step; on
-# `mimo-py-18m` the forward is.
+# tokens (all stages), `draft(k)` the drafter's proposal; below the table, each model's forward as a share of T(0).
 
 # %%
-pd.DataFrame([{"model": m, "PP": pp, "batch": b, "T(0) ms": round(1e3 * c.step_s(0), 2),
-               "fixed no-spec ms": round(1e3 * c.fixed_nospec_s, 2), "fixed spec ms": round(1e3 * c.fixed_spec_s, 2),
-               "forward(1 token/request) ms": round(1e3 * c.forward_s(b), 2),
-               "draft per token ms": round(1e3 * c.draft_per_token_s, 2),
-               **{f"a* k={k}": (None if c.break_even(k) is None else round(c.break_even(k), 2)) for k in (1, 2, 3)}}
-              for (m, pp, b), c in costs.items()])
+display(pd.DataFrame([{"model": m, "PP": pp, "batch": b, "T(0) ms": round(1e3 * c.step_s(0), 2),
+                       "fixed no-spec ms": round(1e3 * c.fixed_nospec_s, 2), "fixed spec ms": round(1e3 * c.fixed_spec_s, 2),
+                       "forward(1 token/request) ms": round(1e3 * c.forward_s(b), 2),
+                       "draft per token ms": round(1e3 * c.draft_per_token_s, 2),
+                       **{f"a* k={k}": (None if c.break_even(k) is None else round(c.break_even(k), 2)) for k in (1, 2, 3)}}
+                      for (m, pp, b), c in costs.items()]))
+display(Markdown(payoff_text.forward_share(costs)))
 
 # %% [markdown]
 # ## The surface
 # Predicted speed-up over the per-position acceptance rate a (x) and k (y), one panel per model (rows) and PP size
-# and batch (columns); blue pays, red loses; the black line is the break-even a*; the gold markers are the
-# measured rows at their measured acceptance, labelled measured / predicted.
+# and batch (columns), coloured on a log scale centred at 1.0x: white is break-even, blue pays, red loses (0.5x is as
+# deep a red as 2x is a blue). The black line is the break-even a* (no point where even a = 1 loses); the gold
+# markers are the measured rows at their measured acceptance, labelled measured / predicted.
 
 # %%
 batch1 = {key: c for key, c in costs.items() if key[2] == 1}
@@ -129,11 +132,11 @@ if batch4:
     payoff_plots.surface_figure(batch4, preds, title="Predicted speed-up, batch 4").show()
 
 # %% [markdown]
-# **What it shows:** the break-even a* depends on how much dearer a speculative step is than a plain one. On
-# `tiny-mimo` the forward is a small part of a step (the fixed part dominates); on `mimo-py-18m` the forward is about
-# half of it. On these held-out code prompts both models' measured acceptance lies well above a* at batch 1 (both
-# win there; `tiny-mimo` on its default prompts has lower acceptance, see `docs/results/bench.md`); at PP=2 a* rises
-# because every step pays the stage hand-off and the drafter runs on one stage's core.
+# **What it shows:** the break-even a* depends on how much dearer a speculative step is than a plain one: it solves
+# E(a*, k) = T(k) / T(0), so it rises and falls with T(k) / T(0). From the recorded rows:
+
+# %%
+display(Markdown(payoff_text.break_even(costs, preds)))
 
 # %%
 # Batch 1: every step carries the one request, as the model assumes. At batch 4 a step carries fewer requests
@@ -158,11 +161,11 @@ claim(bool(m18) and all(p["measured"] > 1.0 for p in m18),
 # %% [markdown]
 # ## Slide it
 # The model is closed form, so the prediction redraws as you move the sliders: each bar is one measured
-# (model, PP, batch) at the chosen acceptance rate and k.
+# (model, PP, batch) at the chosen acceptance rate and k. The bars at the sliders' starting values come first, as a
+# plain figure (the one the HTML report shows); the sliders redraw under themselves.
 
 # %%
-box, redraw = payoff_plots.slider(costs, a=0.8, k=2)
-box
+sliders = payoff_plots.slider(costs, a=0.8, k=2)
 
 # %% [markdown]
 # **Predict, then slide:** with one model's measured step costs, which k gives the largest speed-up when each draft
@@ -170,16 +173,20 @@ box
 #
 # <details><summary>Answer</summary>
 #
-# A larger k at a = 0.9 than at a = 0.5: the i-th draft adds a^i tokens per step but costs the same forward and
-# drafter time whatever a is, so the extra drafts stop paying sooner when acceptance is low. The cell finds the best
-# k from 1 to 6 for every measured (model, PP, batch).
+# A k at least as large at a = 0.9 as at a = 0.5: the i-th draft adds a^i tokens per step but costs the same forward
+# and drafter time whatever a is, so the extra drafts stop paying sooner when acceptance is low. The cell finds the
+# best k from 1 to 6 for every measured (model, PP, batch); a best k at 6, the top of that range, means only that no
+# k up to 6 beats it (a larger one might).
 # </details>
 
 # %%
-best = {key: {a: max(range(1, 7), key=lambda k: c.speedup(a, k)) for a in (0.5, 0.9)} for key, c in costs.items()}
-display(pd.DataFrame([{"model": m, "PP": pp, "batch": b, "best k at a=0.5": v[0.5], "best k at a=0.9": v[0.9],
+K_SEARCH = range(1, 7)
+best = {key: {a: max(K_SEARCH, key=lambda k: c.speedup(a, k)) for a in (0.5, 0.9)} for key, c in costs.items()}
+display(pd.DataFrame([{"model": m, "PP": pp, "batch": b,
+                       **{f"best k at a={a}": payoff_plots.best_k_text(v[a], K_SEARCH) for a in (0.5, 0.9)},
                        "speed-up there (a=0.9)": round(costs[(m, pp, b)].speedup(0.9, v[0.9]), 2)}
                       for (m, pp, b), v in best.items()]))
+display(Markdown(payoff_text.best_k_top(best, K_SEARCH)))
 claim(all(v[0.9] >= v[0.5] for v in best.values()),
       "for every measured (model, PP, batch) the best k at a = 0.9 is at least the best k at a = 0.5",
       {str(key): v for key, v in best.items() if v[0.9] < v[0.5]})
@@ -196,8 +203,9 @@ claim(all(v[0.9] >= v[0.5] for v in best.values()),
 #
 # <details><summary>Answer</summary>
 #
-# It wins (its acceptance on code lies far above a*), but not by exactly the table's figure: a few short requests
-# on a shared machine, a fresh engine each; the model is checked against this run's own step costs instead.
+# It wins where its acceptance on these prompts lies above a* (the recorded rows above give both for `mimo-py-18m`),
+# but not by exactly the table's figure: a few short requests on a shared machine, a fresh engine each; the model is
+# checked against this run's own step costs instead.
 # </details>
 
 # %%
@@ -247,13 +255,17 @@ for r in live:
           f"±{LIVE_BAND:.0%} of the prediction", (round(got, 3), round(want, 3)), timed=True)
     if LIVE_MODEL == "mimo-py-18m" and r["k"] == 2:
         claim(got > 1.0, f"live: {LIVE_MODEL} MTP k=2 beats no speculation", round(got, 3), timed=True)
-redraw(payoff.acceptance_for_length(live[-1]["tokens_per_forward"], live[-1]["k"]), live[-1]["k"])
+# The recorded groups' predicted speed-up at this run's acceptance and k (the bars of "Slide it").
+payoff_plots.bars_figure(costs, payoff.acceptance_for_length(live[-1]["tokens_per_forward"], live[-1]["k"]),
+                         live[-1]["k"]).show()
 
 # %% [markdown]
-# ## Why PP=2 pays less
-# Under PP a request's step crosses the stages one after the other; with one micro-batch in flight (batch 1, or a
-# batch of 4 scheduled together) the stages never compute at once (the "forward overlap" of `kit bench --breakdown`
-# is about 0), so PP=2 adds the stage hand-off to every step and overlaps nothing. With speculation the kit's
-# scheduling gate (`kit.patches.pp_spec_schedule_gate`) keeps a request from being scheduled again until its
-# previous step's drafts are back in the scheduler; the measured fixed cost of a speculative step at PP=2 against
-# PP=1 says what that round trip costs. `docs/results/payoff.md` has the numbers.
+# ## PP=2 against PP=1
+# Under PP a request's step crosses the stages one after the other: a step pays every stage's forward and the
+# hand-offs between them, and two stages compute at once only when two micro-batches are in flight (the "forward
+# overlap" of `kit bench --breakdown`). With speculation the kit's scheduling gate (`kit.patches.pp_spec_schedule_gate`)
+# keeps a request out of a step while its previous step is in flight. Whether PP=2 paid less than PP=1 in the
+# recorded rows, and what its steps cost (`docs/results/payoff.md` has the full breakdown):
+
+# %%
+display(Markdown(payoff_text.pp_compare(rows, costs, preds)))

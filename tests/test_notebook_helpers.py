@@ -94,3 +94,43 @@ def test_doctor_is_one_line_with_the_full_report_folded_and_open_on_a_failure():
     out = doctor_output("Traceback: vLLM not importable\n", 1)
     assert out["text/plain"].startswith("kit doctor: no report (exit code 1)") and "Traceback" in out["text/plain"]
 
+
+
+def test_interact_static_shows_the_default_as_plain_output_and_redraws_under_the_controls(capsys):
+    """The HTML report keeps no live widget: the default state must be a plain output of its own, drawn before the
+    controls; moving a control draws again (into the widget's output area, live)."""
+    import ipywidgets as w
+
+    from kit.lab.notebook import interact_static
+
+    calls = []
+
+    def draw(k, a):
+        calls.append((k, a))
+        print(f"drawn k={k} a={a}")
+
+    k, a = w.IntSlider(value=3, min=1, max=5), w.FloatSlider(value=0.5)
+    box = interact_static(draw, note="move a slider", k=k, a=a)
+    shown = capsys.readouterr().out
+    assert calls == [(3, 0.5)] and shown.index("drawn k=3 a=0.5") < shown.index("VBox")  # before the controls
+    out = box.children[1]
+    assert [o["text"] for o in out.outputs] == ["move a slider\n"]
+    assert list(box.children[0].children) == [k, a]
+    k.value = 2
+    assert calls == [(3, 0.5), (2, 0.5)]
+
+
+def test_payoff_slider_draws_its_default_bars_without_a_widget(monkeypatch):
+    import ipywidgets as w
+
+    from kit.bench.payoff import Costs
+    from kit.lab import payoff_plots
+
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: shown.extend(objs))
+    costs = {("m", 1, 1): Costs(0.002, 0.003, 0.008, 0.001, 0.0, 0.001)}
+    box = payoff_plots.slider(costs, a=0.7, k=3)
+    bars = shown[0]
+    assert bars.layout.title.text.startswith("Predicted speed-up at a = 0.70, k = 3")
+    assert list(bars.data[0].y) == pytest.approx([costs[("m", 1, 1)].speedup(0.7, 3)])
+    assert shown[1] is box and isinstance(box, w.VBox)

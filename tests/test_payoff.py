@@ -202,3 +202,151 @@ def test_plots_draw_the_break_even_line_and_the_points():
     assert [t.text for t in fig.data if t.name == "measured / predicted"] == [("1.50x / 1.60x",)]
     bars = payoff_plots.bars_figure(c, 0.8, 2).data[0]
     assert list(bars.y) == pytest.approx([c[key].speedup(0.8, 2) for key in c])
+
+
+def test_surface_colour_is_white_at_break_even_and_axes_span_the_grid():
+    from kit.lab import payoff_plots
+
+    ks = (1, 2, 3)
+    # "never": a step so dear that even a = 1 loses at every k (no break-even point to draw).
+    c = {("m", 1, 1): _costs(), ("m", 2, 1): _costs(fixed_spec_s=0.008), ("m", 4, 1): _costs(fixed_spec_s=0.2)}
+    fig = payoff_plots.surface_figure(c, ks=ks)
+    heat = [t for t in fig.data if t.type == "heatmap"]
+    lim = payoff_plots.colour_limit(c, ks)
+    assert len(heat) == 3
+    for t, cost in zip(heat, c.values()):
+        # Coloured by log2(speed-up) over a range symmetric around 0: 1.0x sits in the middle of the scale, whose
+        # middle stop is white; the hover reads the speed-up itself.
+        assert (t.zmin, t.zmax, t.zmid) == (-lim, lim, 0.0)
+        assert list(t.customdata[1]) == pytest.approx([cost.speedup(a, 2) for a in payoff_plots.A_GRID])
+        assert list(t.z[1]) == pytest.approx([math.log2(cost.speedup(a, 2)) for a in payoff_plots.A_GRID])
+    assert dict((pos, col) for pos, col in heat[0].colorscale)[0.5] == "rgb(255,255,255)"
+    assert payoff_plots.colour_at(1.0, lim) == (255.0, 255.0, 255.0)
+    r, g, b = payoff_plots.colour_at(2.0, lim)
+    assert b > r  # blue where speculation pays
+    r, g, b = payoff_plots.colour_at(0.5, lim)
+    assert r > b  # red where it loses
+    assert payoff_plots.colour_at(1e6, lim) == (5.0, 48.0, 97.0)  # clipped at the scale's ends
+    bar = heat[0].colorbar
+    assert dict(zip(bar.tickvals, bar.ticktext))[0.0] == "1x break-even"
+    assert all(abs(v) <= lim for v in bar.tickvals)
+    assert lim == pytest.approx(max(abs(math.log2(x.speedup(a, k))) for x in c.values() for k in ks
+                                    for a in payoff_plots.A_GRID))
+    # The axes span what is drawn: k from the first to the last (no empty rows), a over the grid.
+    for axis in (fig.layout.yaxis, fig.layout.yaxis2, fig.layout.yaxis3):
+        assert list(axis.range) == [0.5, 3.5] and list(axis.tickvals) == [1, 2, 3]
+    for axis in (fig.layout.xaxis, fig.layout.xaxis2, fig.layout.xaxis3):
+        assert list(axis.range) == [0.0, 1.0]
+    never = [t for t in fig.data if t.name == "break-even"][2]
+    assert list(never.x) == [None, None, None]  # no point where even a = 1 loses (was drawn at a = 1)
+
+
+def test_surface_labels_contrast_with_the_colour_under_them():
+    from kit.lab import payoff_plots
+
+    assert payoff_plots.text_colour((255, 255, 255)) == "black"
+    assert payoff_plots.text_colour((5, 48, 97)) == "white"
+    assert payoff_plots.text_colour((103, 0, 31)) == "white"
+    c = {("m", 1, 1): _costs()}  # k=2: 0.77x at a = 0.1, 1.87x at a = 0.9
+    pts = [{"model": "m", "pp": 1, "batch": 1, "k": 2, "acceptance": a, "measured": 1.0, "predicted": 1.0}
+           for a in (0.2, 1.0)]
+    fig = payoff_plots.surface_figure(c, pts, ks=(1, 2, 3))
+    lim = payoff_plots.colour_limit(c, (1, 2, 3))
+    marks = next(t for t in fig.data if t.name == "measured / predicted")
+    # Each label sits left of its marker: its colour follows the surface there, dark blue under the right one.
+    under = [payoff_plots.colour_at(c[("m", 1, 1)].speedup(a - 0.1, 2), lim) for a in (0.2, 1.0)]
+    assert list(marks.textfont.color) == [payoff_plots.text_colour(u) for u in under] == ["black", "white"]
+    assert marks.textfont.shadow == "auto"
+
+
+def test_best_k_says_when_it_is_the_top_of_the_range_searched():
+    from kit.lab import payoff_plots
+
+    c, searched = _costs(), range(1, 7)
+    k9, k5 = (max(searched, key=lambda k: c.speedup(a, k)) for a in (0.9, 0.5))
+    assert k9 == 6 and c.speedup(0.9, 6) > c.speedup(0.9, 5)  # still rising at the top: a larger k might pay more
+    assert payoff_plots.best_k_text(k9, searched) == "≥ 6 (top of the range searched)"
+    assert k5 < 6 and payoff_plots.best_k_text(k5, searched) == str(k5)
+    assert payoff_plots.best_k_text(6, range(1, 9)) == "6"
+
+
+def _pred(model, pp, batch, k, measured, acceptance=0.9, occupancy=1.0, **kw):
+    return dict(model=model, pp=pp, batch=batch, k=k, measured=measured, acceptance=acceptance, occupancy=occupancy,
+                predicted=measured, predicted_at_occupancy=measured, agrees_at_occupancy=True, **kw)
+
+
+def test_payoff_text_states_what_the_rows_say():
+    """Notebook 05's sentences about the recorded rows: directions and numbers from the rows, both ways."""
+    from kit.lab import payoff_text
+
+    cheap, dear = _costs(), _costs(fixed_spec_s=0.006)  # a speculative step dearer at PP=2 for "m", cheaper for "n"
+    costs = {("m", 1, 1): cheap, ("m", 2, 1): dear, ("n", 1, 1): dear, ("n", 2, 1): cheap}
+    preds = [_pred("m", 1, 1, 2, 2.0, break_even=cheap.break_even(2)), _pred("m", 2, 1, 2, 1.5, break_even=dear.break_even(2)),
+             _pred("n", 1, 1, 2, 1.5, break_even=dear.break_even(2)), _pred("n", 2, 1, 2, 1.52, break_even=cheap.break_even(2))]
+    text = payoff_text.break_even(costs, preds).splitlines()
+    assert text[0].startswith("- `m`, batch 1 (PP 1, 2; k 2): measured acceptance a = 0.90 against a* = "
+                              f"{cheap.break_even(2):.2f}–{dear.break_even(2):.2f}, above a* in every row; "
+                              "measured speed-up 1.50x–2.00x.")
+    assert text[2].startswith("- `m`, batch 1: from PP=1 to PP=2 a* rises at every measured k (k=2: a* "
+                              f"{cheap.break_even(2):.2f} → {dear.break_even(2):.2f}, T(2)/T(0) "
+                              f"{cheap.step_s(2) / cheap.step_s(0):.2f} → {dear.step_s(2) / dear.step_s(0):.2f}")
+    assert text[3].startswith("- `n`, batch 1: from PP=1 to PP=2 a* falls at every measured k")
+    low = [dict(p, acceptance=0.1) for p in preds]
+    assert "not above a* in every row" in payoff_text.break_even(costs, low)
+
+    rows = [{"pp": 2, "components": {"timeline": {"forward_overlap": x}}} for x in (0.0, 0.25)] + [{"pp": 1, "components": {}}]
+    text = payoff_text.pp_compare(rows, costs, preds).splitlines()
+    assert text[0].startswith("- `m`, batch 1: PP=2 pays less than PP=1 at every k: measured speed-up k=2 1.50x "
+                              "against 2.00x (less); occupancy of its speculative steps 1.00 against 1.00; fixed cost "
+                              "of a speculative step 6.00 ms against 3.00 ms.")
+    assert text[1].startswith("- `n`, batch 1: PP=2 pays about the same as PP=1 at every k: measured speed-up k=2 "
+                              "1.52x against 1.50x (about the same)")
+    assert text[2] == "- Forward overlap (two stages computing at once, as a share of stage 0's forward time) in the 2 PP=2 rows: 0%–25%."
+    # A half-empty step where PP=2 pays less: the prediction at the measured occupancy says so.
+    half = [dict(p, occupancy=0.5, predicted_at_occupancy=1.45) if (p["model"], p["pp"]) == ("m", 2) else p for p in preds]
+    assert ("Where it pays less its speculative steps were emptier: at their measured occupancy the model predicts "
+            "k=2: 1.45x against 1.50x measured.") in payoff_text.pp_compare(rows, costs, half)
+
+
+def test_payoff_text_coverage_share_and_best_k():
+    from kit.lab import payoff_text
+
+    rows = [{"model": "m", "pp": pp, "k": k, "batch": b, "runs": 3} for pp in (1, 2) for k in (0, 2) for b in (1, 4)]
+    assert payoff_text.coverage(rows) == ("**The recorded run covers:**\n"
+                                          "- `m`: PP 1, 2; k 0, 2 (0: no speculation); batch 1, 4; 3 engines per row")
+    fwd = _costs(fixed_nospec_s=0.002)  # forward 9 ms of an 11 ms step
+    fixed = _costs(fixed_nospec_s=0.030)  # 9 of 39 ms
+    assert payoff_text.forward_share({("a", 1, 1): fwd, ("b", 1, 1): fixed}) == (
+        "**The target forward's share of a plain step T(0)**, over PP sizes and batches: `a` 82% (most of it); "
+        "`b` 23% (less than half: the fixed part is most of it).")
+    assert payoff_text.best_k_top({"g": {0.5: 2, 0.9: 6}, "h": {0.5: 2, 0.9: 5}}, range(1, 7)) == (
+        "At a = 0.9 the best k is the top of the range searched in 1 of 2 groups: there it is at least 6, and a "
+        "larger k was not tried.")
+    assert payoff_text.best_k_top({"g": {0.5: 2}}, range(1, 7)) == "No best k is the top of the range searched (6)."
+
+
+def test_notebook_05_prose_matches_the_committed_rows():
+    """The committed docs/results/bench.json through notebook 05's own formatting: every direction word agrees with
+    the numbers printed beside it."""
+    import json
+    import re
+
+    from conftest import ROOT
+    from kit.bench import payoff
+    from kit.lab import payoff_text
+
+    rows = json.loads((ROOT / "docs/results/bench.json").read_text())["rows"]
+    prows = [{"model": r["model"], "pp": r["pp"], "batch": r["batch"], "k": r["k"],
+              "decode_tok_s": r["decode_tok_s"]["median"], "tokens_per_forward": r["mean_accept_len"] or 1.0,
+              "components": r["components"]} for r in rows if r.get("batch") and r.get("components")]
+    costs, preds = payoff.costs_by_group(prows), payoff.predict(prows)
+    for line in payoff_text.break_even(costs, preds).splitlines():
+        pairs = [(float(a), float(b)) for a, b in re.findall(r"a\* ([0-9.]+) → ([0-9.]+)", line)]
+        if "rises at every" in line:
+            assert pairs and all(b > a for a, b in pairs), line
+        if "falls at every" in line:
+            assert pairs and all(b < a for a, b in pairs), line
+    for line in payoff_text.pp_compare(rows, costs, preds).splitlines():
+        for new, old, word in re.findall(r"k=\d ([0-9.]+)x against ([0-9.]+)x \(([a-z ]+)\)", line):
+            new, old = float(new), float(old)
+            assert {"less": new < old, "more": new > old, "about the same": abs(new / old - 1) <= 0.03}[word], line

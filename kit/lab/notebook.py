@@ -90,6 +90,43 @@ def show_doctor(timeout: float = 300) -> None:
     display(doctor_output(r.stdout or r.stderr, r.returncode), raw=True)
 
 
+# -- widgets with a static default -----------------------------------------------------------------
+
+def interact_static(draw, note: str = "", **controls):
+    """``ipywidgets.interact`` that leaves a static picture of its default state in the notebook's output.
+
+    ``draw(**values)`` prints, displays, or returns what to show (a plotly figure, a DataFrame, ...) for the
+    controls' values. It runs once at the controls' current values as a plain cell output, which the HTML report
+    (nbconvert, no live widgets) and a notebook opened without a kernel show; then the controls are displayed with
+    an output area under them, where ``note`` stands until a control moves and ``draw`` shows the new values
+    instead (live in JupyterLab). Returns the box of controls and output area."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    def values() -> dict:
+        return {name: c.value for name, c in controls.items()}
+
+    def show(result) -> None:
+        if result is not None:
+            display(result)
+
+    show(draw(**values()))
+    out = w.Output()
+    if note:
+        out.append_stdout(note + "\n")
+
+    def changed(_) -> None:
+        out.clear_output(wait=True)
+        with out:
+            show(draw(**values()))
+
+    for c in controls.values():
+        c.observe(changed, names="value")
+    box = w.VBox([w.HBox(list(controls.values())), out])
+    display(box)
+    return box
+
+
 # -- the .py <-> .ipynb pairing --------------------------------------------------------------------
 
 def _config(directory: Path):

@@ -1,13 +1,24 @@
 """Figures and the slider of notebook 05 (does speculation pay?): the predicted speed-up over acceptance rate and
-k for each (model, PP) with the measured points and the break-even line, and a slider that redraws the prediction.
+k for each (model, PP) with the measured points and the break-even line, the best k of a range, and a slider that
+redraws the prediction (its default state drawn as a plain output first, for the HTML report).
 
 Plotly figures built from :class:`kit.bench.payoff.Costs`; nothing here measures.
 """
 from __future__ import annotations
 
+import math
+
 from kit.bench.payoff import Costs, expected_tokens
 
 A_GRID = [i / 100 for i in range(0, 101)]
+# A diverging scale with white exactly in the middle (ColorBrewer RdBu, its near-white centre made white): the
+# surface colours log2(speed-up) over a range symmetric around 0, so 1.0x (break-even) is white, blue pays and red
+# loses, and 2x and 0.5x are the same depth of blue and red.
+DIVERGING = ["rgb(103,0,31)", "rgb(178,24,43)", "rgb(214,96,77)", "rgb(244,165,130)", "rgb(253,219,199)",
+             "rgb(255,255,255)",
+             "rgb(209,229,240)", "rgb(146,197,222)", "rgb(67,147,195)", "rgb(33,102,172)", "rgb(5,48,97)"]
+COLORSCALE = [[i / (len(DIVERGING) - 1), c] for i, c in enumerate(DIVERGING)]
+SPEEDUP_TICKS = (0.25, 0.33, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 def _key_title(key: tuple) -> str:
@@ -15,11 +26,49 @@ def _key_title(key: tuple) -> str:
     return f"{model}, PP={pp}, batch {batch}"
 
 
+def colour_limit(costs: dict[tuple, Costs], ks: tuple[int, ...], a_grid: list[float] = A_GRID) -> float:
+    """The colour range of :func:`surface_figure`: the largest ``|log2(speed-up)|`` over every panel's grid (at
+    least log2(1.25), so a nearly flat surface is not all deep colour)."""
+    vals = [abs(math.log2(c.speedup(a, k))) for c in costs.values() for k in ks for a in a_grid]
+    return max([math.log2(1.25)] + vals)
+
+
+def _rgb(text: str) -> tuple[float, float, float]:
+    r, g, b = (float(x) for x in text[text.index("(") + 1:text.index(")")].split(","))
+    return r, g, b
+
+
+def colour_at(speedup: float, limit: float) -> tuple[float, float, float]:
+    """The surface's colour (r, g, b in 0..255) for ``speedup`` when the colour range is ``[-limit, limit]`` in
+    log2(speed-up): plotly's linear interpolation between the stops of :data:`COLORSCALE`, clipped at both ends."""
+    f = min(1.0, max(0.0, (math.log2(speedup) / limit + 1) / 2))
+    n = len(DIVERGING) - 1
+    i = min(int(f * n), n - 1)
+    t = f * n - i
+    lo, hi = _rgb(DIVERGING[i]), _rgb(DIVERGING[i + 1])
+    return tuple(x + (y - x) * t for x, y in zip(lo, hi))
+
+
+def text_colour(background: tuple[float, float, float]) -> str:
+    """Black on a light background, white on a dark one (perceived brightness, 0..255)."""
+    r, g, b = background
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b >= 150 else "white"
+
+
+def best_k_text(k: int, searched: "range | tuple[int, ...]") -> str:
+    """A best k found over ``searched``: ``"2"``, or ``"≥ 6 (top of the range searched)"`` when it is the largest k
+    tried (a larger one, not tried, might pay more)."""
+    return f"≥ {k} (top of the range searched)" if k == max(searched) else str(k)
+
+
 def surface_figure(costs: dict[tuple, Costs], points: list[dict] | None = None, ks: tuple[int, ...] = (1, 2, 3, 4, 5),
                    title: str = "Predicted decode speed-up over no speculation"):
     """One heatmap per (model, PP, batch) in ``costs``: predicted speed-up over the per-position acceptance rate
-    (x) and k (y); the break-even line (speed-up 1) in black; the measured rows of ``points`` (dicts from
-    :func:`kit.bench.payoff.predict`) as markers labelled measured / predicted."""
+    (x) and k (y), coloured by log2(speed-up) on a diverging scale centred at 1.0x (white: break-even; blue: pays;
+    red: loses; one colour range for all panels, :func:`colour_limit`); the break-even line in black (no point
+    where even a = 1 loses); the measured rows of ``points`` (dicts from :func:`kit.bench.payoff.predict`) as
+    markers labelled measured / predicted, each label black or white by the colour under it. The axes span the
+    acceptance rates and the k drawn."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -30,31 +79,43 @@ def surface_figure(costs: dict[tuple, Costs], points: list[dict] | None = None, 
                         subplot_titles=[_key_title((m, pp, b)) for m in models for pp, b in cols],
                         horizontal_spacing=0.06, vertical_spacing=0.12)
     points = points or []
+    lim = colour_limit(costs, ks)
+    ticks = [t for t in SPEEDUP_TICKS if abs(math.log2(t)) <= lim + 1e-9]
+    colorbar = dict(title="speed-up", tickvals=[math.log2(t) for t in ticks],
+                    ticktext=[f"{t:g}x" + (" break-even" if t == 1.0 else "") for t in ticks])
     for i, m in enumerate(models, 1):
         for j, (pp, b) in enumerate(cols, 1):
             c = costs.get((m, pp, b))
             if c is None:
                 continue
-            z = [[c.speedup(a, k) for a in A_GRID] for k in ks]
-            fig.add_trace(go.Heatmap(x=A_GRID, y=list(ks), z=z, zmin=0, zmax=2.5, zmid=1.0, colorscale="RdBu",
-                                     colorbar=dict(title="speed-up"), showscale=(i, j) == (1, 1),
-                                     hovertemplate="a=%{x:.2f}, k=%{y}: %{z:.2f}x<extra></extra>"), row=i, col=j)
+            s = [[c.speedup(a, k) for a in A_GRID] for k in ks]
+            fig.add_trace(go.Heatmap(x=A_GRID, y=list(ks), z=[[math.log2(v) for v in row] for row in s], customdata=s,
+                                     zmin=-lim, zmax=lim, zmid=0.0, colorscale=COLORSCALE, colorbar=colorbar,
+                                     showscale=(i, j) == (1, 1), name="predicted speed-up",
+                                     hovertemplate="a=%{x:.2f}, k=%{y}: %{customdata:.2f}x<extra></extra>"),
+                          row=i, col=j)
             be = [(c.break_even(k), k) for k in ks]
-            fig.add_trace(go.Scatter(x=[a if a is not None else 1.0 for a, _ in be], y=[k for _, k in be],
+            fig.add_trace(go.Scatter(x=[a for a, _ in be], y=[k for _, k in be], connectgaps=False,
                                      mode="lines+markers", line=dict(color="black", width=2),
                                      name="break-even", showlegend=(i, j) == (1, 1),
                                      hovertemplate="k=%{y}: loses below a=%{x:.2f}<extra></extra>"), row=i, col=j)
             pts = [p for p in points if (p["model"], p["pp"], p["batch"]) == (m, pp, b)]
             if pts:
+                # The label sits left of its marker (textposition "middle left"), over about a tenth of the x axis.
+                under = [colour_at(c.speedup(max(0.0, p["acceptance"] - 0.1), p["k"]), lim) for p in pts]
                 fig.add_trace(go.Scatter(
                     x=[p["acceptance"] for p in pts], y=[p["k"] for p in pts], mode="markers+text",
                     marker=dict(size=11, color="gold", line=dict(color="black", width=1)),
                     text=[f"{p['measured']:.2f}x / {p['predicted']:.2f}x" for p in pts], textposition="middle left",
+                    textfont=dict(color=[text_colour(u) for u in under], shadow="auto"),
                     name="measured / predicted", showlegend=(i, j) == (1, 1),
                     hovertemplate="measured at a=%{x:.3f}, k=%{y}: %{text}<extra></extra>"), row=i, col=j)
-    fig.update_xaxes(title_text="per-position acceptance rate a", range=[0, 1], row=len(models))
+    fig.update_xaxes(range=[A_GRID[0], A_GRID[-1]], showgrid=False, zeroline=False)
+    fig.update_xaxes(title_text="per-position acceptance rate a", row=len(models))
+    fig.update_yaxes(range=[min(ks) - 0.5, max(ks) + 0.5], tickvals=list(ks), showgrid=False, zeroline=False)
     fig.update_yaxes(title_text="k (draft tokens)", col=1)
-    fig.update_layout(title=title, height=330 * len(models) + 80, legend=dict(orientation="h", y=-0.12))
+    fig.update_layout(title=title, height=330 * len(models) + 80, legend=dict(orientation="h", y=-0.12),
+                      plot_bgcolor="white")
     return fig
 
 
@@ -75,21 +136,15 @@ def bars_figure(costs: dict[tuple, Costs], a: float, k: int):
 
 
 def slider(costs: dict[tuple, Costs], a: float = 0.8, k: int = 2):
-    """An ipywidgets box: sliders over acceptance rate and k redraw :func:`bars_figure` (the model is closed form,
-    so a redraw is instant). Returns ``(box, redraw)``; ``redraw(a, k)`` returns the figure it drew."""
+    """:func:`bars_figure` at ``a`` and ``k`` as a plain output (what the HTML report shows), then sliders over
+    acceptance rate and k that redraw it under them, live (the model is closed form, so a redraw is instant):
+    :func:`kit.lab.notebook.interact_static`. Returns the box of sliders."""
     import ipywidgets as w
-    from IPython.display import display
 
-    sa = w.FloatSlider(value=a, min=0.0, max=1.0, step=0.01, description="acceptance a", continuous_update=True)
-    sk = w.IntSlider(value=k, min=1, max=8, description="k")
-    out = w.Output()
+    from kit.lab.notebook import interact_static
 
-    def redraw(a: float, k: int):
-        fig = bars_figure(costs, a, k)
-        out.clear_output(wait=True)
-        with out:
-            display(fig)
-        return fig
-
-    w.interactive_output(redraw, {"a": sa, "k": sk})
-    return w.VBox([w.HBox([sa, sk]), out]), redraw
+    return interact_static(lambda a, k: bars_figure(costs, a, k),
+                           note=f"Above: a = {a:.2f}, k = {k}. Move a slider to redraw the bars here.",
+                           a=w.FloatSlider(value=a, min=0.0, max=1.0, step=0.01, description="acceptance a",
+                                           continuous_update=True),
+                           k=w.IntSlider(value=k, min=1, max=8, description="k"))
