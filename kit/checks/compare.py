@@ -72,14 +72,16 @@ class Comparison:
 
 
 def compare(topology: Topology, prompts: list[str], max_tokens: int = 32, timeout: float = 900.0,
-            env: dict[str, str] | None = None, reference: GenerationResult | None = None) -> Comparison:
+            env: dict[str, str] | None = None, reference: GenerationResult | None = None,
+            stop_token_ids: list[int] | None = None) -> Comparison:
     """Run the reference (unless given) and ``topology`` on the same prompts, greedy; compare tokens.
 
     A multi-node topology (``nodes > 1``) runs through :mod:`kit.engine.multinode` (``backend="mp"``: leader server +
     headless followers; ``"ray"``: the server's Ray executor over the kit's local Ray cluster); with a drafter, the
     same drafter at PP=1 on one node also runs, for its acceptance counters."""
     if reference is None:
-        reference = generate(topology.reference(), prompts, max_tokens=max_tokens, top2=True, timeout=timeout, env=env)
+        reference = generate(topology.reference(), prompts, max_tokens=max_tokens, top2=True, timeout=timeout, env=env,
+                             stop_token_ids=stop_token_ids)
     if topology.nodes > 1:
         from kit.engine import multinode
 
@@ -89,7 +91,7 @@ def compare(topology: Topology, prompts: list[str], max_tokens: int = 32, timeou
                               timeout=timeout, env=env)
         result = multinode.generate(topology, prompts, max_tokens=max_tokens, timeout=timeout, env=env)
         return Comparison(topology, reference, result, single)
-    result = generate(topology, prompts, max_tokens=max_tokens, timeout=timeout, env=env)
+    result = generate(topology, prompts, max_tokens=max_tokens, timeout=timeout, env=env, stop_token_ids=stop_token_ids)
     return Comparison(topology, reference, result)
 
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from kit.checks import traffic
 from kit.checks.compare import Comparison, compare, load_prompts
 from kit.core.flags import add_command
 from kit.core.models import PROMPTS_DIR
@@ -35,6 +36,8 @@ class Cell:
     ref_pp: int = 1
     # The prompt file under data/prompts/ ("joining": one- to few-token prompts that join running requests).
     prompts: str = "default"
+    # Traffic the repository's prompts never send (kit.checks.traffic): its prompts, stop token and engine setting.
+    traffic: bool = False
 
     @property
     def id(self) -> str:
@@ -48,16 +51,31 @@ class Cell:
             s += f"-vs-pp{self.ref_pp}-nospec"
         if self.prompts != "default":
             s += f"-{self.prompts}"
+        if self.traffic:
+            s += "-traffic"
         return s
 
     def prompt_list(self) -> list[str]:
         """The cell's prompts: the first :data:`NUM_PROMPTS` of ``data/prompts/<prompts>.jsonl``."""
+        if self.traffic:
+            return traffic.prompts(str(self.topology().model_path()), self.k)
         return load_prompts(None if self.prompts == "default" else PROMPTS_DIR / f"{self.prompts}.jsonl",
                             limit=NUM_PROMPTS)
 
+    @property
+    def k(self) -> int:
+        """Drafts per step (0 without speculation)."""
+        return int(self.spec.split(":")[1]) if ":" in self.spec else 0
+
+    def stop_token_ids(self) -> list[int] | None:
+        return traffic.stop_token_ids(str(self.topology().model_path())) if self.traffic else None
+
     def topology(self) -> Topology:
+        extra = {}
+        if self.traffic:
+            extra = traffic.engine_args(traffic.plain_kv(Topology(model=self.model, random_weights=self.random).info.config))
         return Topology(model=self.model, random_weights=self.random, pp=self.pp, spec=self.spec,
-                        enforce_eager=self.eager, max_num_seqs=self.max_num_seqs)
+                        enforce_eager=self.eager, max_num_seqs=self.max_num_seqs, **extra)
 
 
 MAX_TOKENS = 40
@@ -134,24 +152,38 @@ for pp in (1, 2):
     CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, "mtp:2", max_num_seqs=3, prompts="joining"))
 CELLS.append(Cell("tiny-glm4-moe", True, 2, "mtp:2", max_num_seqs=3, prompts="joining"))
 CELLS.append(Cell("tiny-llama-swa", True, 2, "eagle3:2", max_num_seqs=3, prompts="joining"))
+# Real traffic (kit.checks.traffic): prompt lengths around the draft window and the KV block, chunked prefill, shared
+# prefixes, a stop token, requests joining and leaving, KV pressure; every family at the PP sizes it runs.
+for pp in (1, 2, 4):
+    CELLS.append(Cell("tiny-mimo", False, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
+    CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
+for pp in (1, 2):
+    CELLS.append(Cell("tiny-mimo", True, pp, "ngram:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
+    CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
+CELLS.append(Cell("tiny-glm4-moe", True, 2, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
+CELLS.append(Cell("tiny-llama-swa", True, 2, "eagle3:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
 
 
 _REFS: dict[tuple, GenerationResult] = {}
 
 
-def reference_for(topology: Topology, prompts: list[str], max_tokens: int, ref_pp: int = 1) -> GenerationResult:
-    """The no-spec reference (PP=1 unless ``ref_pp``) for a topology's model and weights (cached per process)."""
+def reference_for(topology: Topology, prompts: list[str], max_tokens: int, ref_pp: int = 1,
+                  stop_token_ids: list[int] | None = None) -> GenerationResult:
+    """The no-spec reference (PP=1 unless ``ref_pp``) for a topology's model and weights (cached per process); a
+    traffic topology's prefill budget and KV blocks stay (only ``max_num_seqs`` goes)."""
     ref = topology.reference().with_(max_num_seqs=None, pp=ref_pp)
-    key = (ref.label(), ref.seed, ref.dtype, tuple(prompts), max_tokens)
+    key = (ref.label(), ref.seed, ref.dtype, ref.max_num_batched_tokens, tuple(sorted(ref.extra_engine_args.items())),
+           tuple(prompts), max_tokens, tuple(stop_token_ids or ()))
     if key not in _REFS:
-        _REFS[key] = generate(ref, prompts, max_tokens=max_tokens, top2=True)
+        _REFS[key] = generate(ref, prompts, max_tokens=max_tokens, top2=True, stop_token_ids=stop_token_ids)
     return _REFS[key]
 
 
 def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS) -> Comparison:
     prompts = prompts or cell.prompt_list()
-    ref = reference_for(cell.topology(), prompts, max_tokens, ref_pp=cell.ref_pp)
-    return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref)
+    stop = cell.stop_token_ids()
+    ref = reference_for(cell.topology(), prompts, max_tokens, ref_pp=cell.ref_pp, stop_token_ids=stop)
+    return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref, stop_token_ids=stop)
 
 
 def register(sub) -> None:
@@ -213,7 +245,12 @@ def run(args: argparse.Namespace) -> int:
         note = (f"{len(cells)} cell{'' if len(cells) == 1 else 's'}, {NUM_PROMPTS} prompts x {MAX_TOKENS} new tokens each, greedy, against the "
                 f"no-spec reference of the same weights; {bad} not identical or failed; kit patches "
                 f"{os.environ.get('KIT_PATCHES') or 'all (default)'}; "
-                f"{time.monotonic() - t_start:.0f} s in all (\"s\": per cell, engine starts included).")
+                f"{time.monotonic() - t_start:.0f} s in all (\"s\": per cell, engine starts included)."
+                + (f" Cells ending in -traffic: the {len(traffic.lengths(2)) + 2} prompts of kit.checks.traffic (lengths "
+                   f"{', '.join(map(str, traffic.lengths(2)))} tokens at k=2 and two sharing {2 * traffic.BLOCK} tokens), "
+                   f"stop token {traffic.STOP_TEXT!r}, max_num_seqs {traffic.MAX_NUM_SEQS}, "
+                   f"max_num_batched_tokens {traffic.PREFILL_BUDGET}, {traffic.KV_BLOCKS} KV blocks of {traffic.BLOCK} "
+                   "tokens, the same in the reference." if any(c.traffic for c in cells) else ""))
         write_block(args.write, block_key("kit.checks.matrix", argv, skip=("--write", "--jsonl")), note + "\n\n" +
                     "\n".join(lines), command_line("kit matrix", argv), when=started,
                     title="Correctness matrix")

@@ -186,13 +186,17 @@ def check_patch_log(topology: Topology, path: str) -> None:
 
 def generate(topology: Topology, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
              top2: bool = False, seed: int | None = None, timeout: float = DEFAULT_START_TIMEOUT,
-             env: dict[str, str] | None = None, check: bool = True, quiet: bool | None = None) -> GenerationResult:
+             env: dict[str, str] | None = None, check: bool = True, quiet: bool | None = None,
+             stop_token_ids: list[int] | None = None) -> GenerationResult:
     """Generation (greedy unless ``temperature`` > 0; request i seeded ``seed + i``) on a fresh engine in a
-    subprocess; returns tokens and spec-decode counters."""
+    subprocess; returns tokens and spec-decode counters. A request stops at ``max_tokens`` or at one of
+    ``stop_token_ids`` (EOS is ignored)."""
     prompts = check_generation(prompts, max_tokens, timeout)
-    res = run(topology, [{"kind": "generate", "prompts": prompts, "max_tokens": max_tokens,
-                          "temperature": temperature, "top2": top2, "seed": seed}], timeout=timeout, env=env,
-              check=check, quiet=quiet)
+    job = {"kind": "generate", "prompts": prompts, "max_tokens": max_tokens, "temperature": temperature,
+           "top2": top2, "seed": seed}
+    if stop_token_ids:
+        job["stop_token_ids"] = [int(t) for t in stop_token_ids]
+    res = run(topology, [job], timeout=timeout, env=env, check=check, quiet=quiet)
     g = GenerationResult.from_dict(res["jobs"][0])
     g.topology["start_seconds"] = res.get("start_seconds")
     g.topology["log"] = res["log"]

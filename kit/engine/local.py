@@ -47,14 +47,15 @@ class LocalEngine:
 
     def generate(self, prompts: list[str], max_tokens: int = 32, temperature: float = 0.0,
                  top2: bool = False, seed: int | None = None, ignore_eos: bool = True,
-                 progress_lines: bool = False) -> GenerationResult:
+                 stop_token_ids: list[int] | None = None, progress_lines: bool = False) -> GenerationResult:
         """``progress_lines``: print a line per finished prompt (the runner's log, followed by kit.engine.progress)."""
         from vllm import SamplingParams
 
         # With a seed, request i gets seed + i: its own reproducible generator (the same seed for every request
         # would make repeated prompts draw identical samples).
         sp = [SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                             logprobs=2 if top2 else None, seed=None if seed is None else seed + i)
+                             logprobs=2 if top2 else None, seed=None if seed is None else seed + i,
+                             stop_token_ids=list(stop_token_ids or []))
               for i in range(len(prompts))]
         before = self.counters()
         t0 = time.monotonic()
