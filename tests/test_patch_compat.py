@@ -14,6 +14,7 @@ import pytest
 
 from kit import patches
 from kit.checks import patch_compat as pc
+from kit.checks import vllm_tree
 
 AUTH = "vllm.entrypoints.serve.middleware.authenticate"
 TRITON = "vllm.utils.cpu_triton_utils"
@@ -21,7 +22,7 @@ TRITON = "vllm.utils.cpu_triton_utils"
 
 @pytest.fixture(scope="module")
 def installed():
-    tree = pc.installed_tree()
+    tree = vllm_tree.installed_tree()
     if tree is None or tree.version not in patches.SUPPORTED_VLLM:
         pytest.skip("needs the vLLM the patches target installed")
     return tree
@@ -119,7 +120,7 @@ def test_each_patch_replaces_exactly_its_declared_symbols(monkeypatch):
 
 # -- a vLLM tree with one file, changed -----------------------------------------------------------------
 
-def _tree(tmp_path: Path, installed, module: str, edit=None, extra: dict[str, str] | None = None) -> pc.Tree:
+def _tree(tmp_path: Path, installed, module: str, edit=None, extra: dict[str, str] | None = None) -> vllm_tree.Tree:
     """A source tree holding ``module``'s file copied from the installed vLLM (``edit``-ed) and ``extra`` modules."""
     root = tmp_path / "src"
     files = {module: (installed.module(module).path.read_text(), edit)}
@@ -133,10 +134,10 @@ def _tree(tmp_path: Path, installed, module: str, edit=None, extra: dict[str, st
             d.mkdir(parents=True, exist_ok=True)
             (d / "__init__.py").touch()
         f.write_text(change(text) if change else text)
-    return pc.Tree(root)
+    return vllm_tree.Tree(root)
 
 
-def _verdict(name: str, tree: pc.Tree, reference) -> pc.Verdict:
+def _verdict(name: str, tree: vllm_tree.Tree, reference) -> pc.Verdict:
     return pc.check_patch(patches.registry()[name], tree, reference)
 
 
