@@ -18,9 +18,8 @@ setting's.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from kit.core.prompts import DEFAULT_PROMPTS, load_prompts
+from kit.engine.launch import tokenizer as _tokenizer
 
 BLOCK = 128            # vLLM 0.32's KV block size on CPU (CpuPlatform's default)
 PREFILL_BUDGET = 64    # max_num_batched_tokens: a longer prompt is prefilled over several steps
@@ -52,13 +51,6 @@ def engine_args(plain: bool = True) -> dict:
     if plain:
         args["extra_engine_args"] = {"num_gpu_blocks_override": KV_BLOCKS}
     return args
-
-
-@lru_cache(maxsize=None)
-def _tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 def _count(tok, text: str) -> int:

@@ -57,17 +57,21 @@ _TOKENIZERS: dict[str, object] = {}
 _TOKENIZER_LOCK = threading.Lock()
 
 
-def check_prompt_lengths(topology: Topology, prompts: list[str]) -> None:
-    """Refuse (:class:`TopologyError`, before any process starts) a prompt that vLLM would refuse after its
-    start: more tokens than the model length (``InputProcessor._validate_prompt_len``), counted with the model's
-    own tokenizer as vLLM counts them."""
-    path = str(topology.model_path())
+def tokenizer(path: str):
+    """The model's own tokenizer at ``path`` (loaded once per process), for counting tokens as vLLM counts them."""
     with _TOKENIZER_LOCK:  # transformers' lazy imports are not safe when two threads import it at once
         if path not in _TOKENIZERS:
             from transformers import AutoTokenizer
 
             _TOKENIZERS[path] = AutoTokenizer.from_pretrained(path)
-        tok = _TOKENIZERS[path]
+        return _TOKENIZERS[path]
+
+
+def check_prompt_lengths(topology: Topology, prompts: list[str]) -> None:
+    """Refuse (:class:`TopologyError`, before any process starts) a prompt that vLLM would refuse after its
+    start: more tokens than the model length (``InputProcessor._validate_prompt_len``), counted with the model's
+    own tokenizer as vLLM counts them."""
+    tok = tokenizer(str(topology.model_path()))
     for i, p in enumerate(prompts):
         n = len(tok(p)["input_ids"])
         if n > topology.model_len:
