@@ -5,9 +5,8 @@ same time span for each, so that runs with and without micro-batches in flight c
 """
 from __future__ import annotations
 
+from kit.lab.plots import REQ_COLORS
 from kit.worker import steptrace
-
-_COLORS = ["#3182bd", "#e6550d", "#31a354", "#756bb1", "#8c6d31", "#d6616b"]
 
 
 def decode_window(events: list[dict], span_ms: float) -> tuple[float, float] | None:
@@ -78,7 +77,7 @@ def pipeline_lanes(runs: dict[str, list[dict]], pp: int, span_ms: float = 120.0,
                     continue
                 reqs = sorted(f.get("reqs") or [], key=lambda r: (len(r), r))  # r2 before r10
                 key = " ".join(reqs)
-                c = colors.setdefault(key, _COLORS[len(colors) % len(_COLORS)])
+                c = colors.setdefault(key, REQ_COLORS[len(colors) % len(REQ_COLORS)])
                 start = f["t0"]
                 if f.get("hidden_in") and f["hidden_in"] > f["t0"]:
                     fig.add_trace(go.Bar(y=[lanes[rank]], x=[ms(f["hidden_in"]) - ms(f["t0"])], base=[ms(f["t0"])],

@@ -243,7 +243,7 @@ def sampled_vs_theory(points: dict[tuple[int, float], list[dict]], greedy_rate: 
     return fig
 
 
-_REQ_COLORS = ["#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363", "#8c6d31"]
+REQ_COLORS = ["#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363", "#8c6d31"]
 
 
 def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
@@ -268,7 +268,7 @@ def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
     lanes = [f"rank {r} forward" for r in range(pp)] + [f"rank {last} sample", f"rank {last} MTP propose",
                                                          "drafts to the scheduler"]
     reqs = sorted({r for e in sel for r in (e.get("reqs") or [])}, key=lambda r: int(r[1:]))
-    color = {r: _REQ_COLORS[i % len(_REQ_COLORS)] for i, r in enumerate(reqs)}
+    color = {r: REQ_COLORS[i % len(REQ_COLORS)] for i, r in enumerate(reqs)}
     fig = go.Figure()
     shown = set()
 
@@ -351,7 +351,7 @@ def kv_bytes_per_layer(runs: dict[str, dict], title: str = "KV bytes per layer, 
             is_mtp = n == run.get("mtp")
             legend = f"sent by producer rank {rank}" if rank is not None else "not sent"
             fig.add_trace(go.Bar(x=[n.replace("model.", "") + (" (MTP)" if is_mtp else "")], y=[b if b else 0],
-                                 marker=dict(color=_REQ_COLORS[rank % len(_REQ_COLORS)] if rank is not None else "#ffffff",
+                                 marker=dict(color=REQ_COLORS[rank % len(REQ_COLORS)] if rank is not None else "#ffffff",
                                              line=dict(color="#de2d26" if is_mtp else "#ffffff", width=3 if is_mtp else 0)),
                                  name=legend, legendgroup=legend, showlegend=legend not in shown,
                                  text=[f"{b:,}" if b else "0"], textposition="outside",
