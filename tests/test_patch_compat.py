@@ -72,7 +72,7 @@ def test_static_resolution_and_anchor_texts_agree_with_the_running_vllm(installe
                 continue
             site = installed.resolve(*a.symbol.split(":"))
             static = installed.source(site)
-            if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj):
+            if inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismethod(obj):
                 runtime = inspect.getsource(obj)
             else:  # a value (NixlPushConnectorWorker._TRANSFER_MODE): as its source writes it
                 runtime = json.dumps(obj) if isinstance(obj, str) else repr(obj)

@@ -616,6 +616,44 @@ def test_qwen3_5_mtp_imports_without_torchvision(selection):
                        "other_name_error": "torchvision"}, got
 
 
+_MLA_SPEC_BUDGET = """
+import json
+from kit.patches import apply_selected
+apply_selected()   # what the vllm.general_plugins entry point does in the front end
+from vllm.engine.arg_utils import EngineArgs
+from kit.core.topology import Topology
+args = Topology(model="tiny-deepseek-v3-trained", spec="mtp:1", max_num_batched_tokens=64,
+                max_model_len=512).engine_args()
+args.pop("worker_extension_cls", None)
+sc = EngineArgs(**args).create_engine_config().scheduler_config
+print(json.dumps([sc.enable_chunked_prefill, sc.max_num_batched_tokens, sc.max_num_scheduled_tokens]))
+"""
+
+
+@pytest.mark.parametrize("selection", ["patch-off", "patch-on"])
+def test_cpu_mla_spec_token_budget(selection):
+    """cpu_mla_spec_token_budget: the VllmConfig vLLM 0.32 builds for an MLA model with a drafter on CPU and
+    ``max_num_batched_tokens=64``: the CPU platform turns chunked prefill off and raises the batch budget to 2048,
+    but the scheduler's budget (``max_num_scheduled_tokens``) stays 64, so a prompt longer than 64 tokens is never
+    scheduled (the engine steps on without it; the DeepSeek traffic cells show it end to end). Patched, the
+    scheduler's budget follows. A fresh interpreter: building the config sets process environment (LD_PRELOAD)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KIT_PATCHES="all,-cpu_mla_spec_token_budget" if selection == "patch-off" else "all")
+    out = subprocess.run([sys.executable, "-c", _MLA_SPEC_BUDGET], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    chunked, batched, scheduled = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not chunked and batched == 2048
+    if selection == "patch-off":
+        assert scheduled == 64, "stock vLLM keeps the scheduler's budget with the platform's now: retire the patch"
+    else:
+        assert scheduled == 2048
+
+
 @pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
 def test_kv_layout_resolves_when_pp_ranks_hold_different_backends(patched):
     """pp_kv_layout_intersect: vLLM 0.32's engine core asserts that every worker reports the same supported KV cache

@@ -56,6 +56,7 @@ INDEX: tuple[str, ...] = (
     "cpu_gdn_spec_conv_window",
     "cpu_gdn_spec_cpp_conv",
     "cpu_gdn_one_token_batch",
+    "cpu_mla_spec_token_budget",
     "qwen_vl_no_torchvision",
     "pp_kv_layout_intersect",
     "pp_batch_order_agree",
@@ -233,6 +234,8 @@ def install(owner: Any, attr: str, patch: str, make: Callable[[Any], Any]) -> bo
         return False
     new = make(current)
     setattr(new, MARK, patch)
+    if isinstance(new, (classmethod, staticmethod)):
+        setattr(new.__func__, MARK, patch)   # getattr(owner, attr) returns the function (bound): mark it too
     if _undo is not None:
         _undo.append((owner, attr, current))
     setattr(owner, attr, new)
