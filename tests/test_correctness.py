@@ -116,6 +116,27 @@ def test_without_aux_relay_eagle3_pp2_fails_to_start(no_leftovers):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_chunked_prefill_keeps_the_drafts(patched, no_leftovers):
+    """spec_chunk_boundary_token: the trained Qwen3.5 with MTP drafts on the traffic prompts, prefilled in 64-token
+    chunks and in one step (a 512-token budget). Stock vLLM 0.32 gives the drafter the prompt's last token at every
+    chunk boundary, so the accepted drafts depend on the chunking ([131, 126] against [130, 127] per position);
+    patched, the drafter's inputs do not depend on it and neither do the counters. Tokens are the same four ways."""
+    cell = next(c for c in CELLS if c.traffic and c.model == "tiny-qwen3_5-trained" and c.pp == 1)
+    prompts, stop = cell.prompt_list(), cell.stop_token_ids()
+    env = {"KIT_PATCHES": "all" if patched else "all,-spec_chunk_boundary_token"}
+    runs = {b: engine.generate(cell.topology().with_(max_num_batched_tokens=b), prompts, max_tokens=MAX_TOKENS,
+                               stop_token_ids=stop, env=env) for b in (64, 512)}
+    assert runs[64].token_ids == runs[512].token_ids
+    chunked, whole = runs[64].spec, runs[512].spec
+    print(f"patched={patched}: accepted per position {chunked.per_position} chunked, {whole.per_position} whole")
+    if patched:
+        assert chunked == whole, (chunked, whole)
+    else:
+        assert chunked != whole, "stock vLLM's drafts do not depend on the chunking here: the patch would do no work"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
 def test_mla_rope_on_cpu_decides_deepseek_pp2(patched, no_leftovers):
     """cpu_rope_layout: with vLLM 0.32's CPU rotary kernel mis-rotating MLA's q_pe/k_pe, a DeepSeek-V3 at PP=2
     (no speculation) gives other tokens than at PP=1 (the error depends on how many tokens share a forward);

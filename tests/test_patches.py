@@ -616,6 +616,55 @@ def test_qwen3_5_mtp_imports_without_torchvision(selection):
                        "other_name_error": "torchvision"}, got
 
 
+@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+def test_chunk_boundary_tokens(patched):
+    """spec_chunk_boundary_token: vLLM 0.32's real ``prepare_next_token_ids_padded`` for a step with one decode row
+    (2 tokens sampled) and one partial prefill (a 10-token prompt, 4 computed, 3 scheduled now): the drafter's input
+    after the chunk is the prompt's last token stock (position 9), the token after the chunk patched (position 7).
+    The decode row is the same both ways."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.utils import CpuGpuBuffer
+
+    from kit.patches import apply_selected
+    from kit.patches.spec_chunk_boundary_token import _SCHEDULED
+
+    CpuPlatform.register_triton_kernel_overrides()   # the CPU kernels vLLM's CPU workers use (no Triton-CPU here)
+    apply_selected()
+    fn = SpecDecodeBaseProposer.prepare_next_token_ids_padded
+    if patched:
+        assert fn.__kit_patch__ == "spec_chunk_boundary_token"
+    else:
+        fn = fn.__wrapped__
+
+    class State:   # the fields of vLLM's CachedRequestState the function reads
+        def __init__(self, tokens: list[int], computed: int):
+            self.tokens, self.num_computed_tokens, self.num_tokens = tokens, computed, len(tokens)
+
+        def get_token_id(self, i: int) -> int:
+            return self.tokens[i]
+
+    prompt = list(range(100, 110))
+    requests = {"dec": State([1, 2, 3, 4, 5], 3), "pre": State(prompt, 4)}
+    batch = SimpleNamespace(num_reqs=2, req_ids=["dec", "pre"], vocab_size=1000,
+                            num_tokens_no_spec=np.array([5, 10], dtype=np.int32))
+    drafter = SpecDecodeBaseProposer.__new__(SpecDecodeBaseProposer)
+    drafter.backup_next_token_ids = CpuGpuBuffer(4, dtype=torch.int32, device="cpu", with_numpy=True)
+    setattr(drafter, _SCHEDULED, {"dec": 3, "pre": 3})   # what the runner's wrapper hands over for the step
+    sampled = torch.tensor([[41, 42, -1], [-1, -1, -1]], dtype=torch.int32)
+    discard = torch.tensor([False, True])
+    nxt, valid = fn(drafter, sampled, requests, batch, discard)
+    assert nxt[0].item() == 42 and valid.tolist() == [2, 0]
+    if patched:
+        assert nxt[1].item() == prompt[4 + 3]
+    else:
+        assert nxt[1].item() == prompt[-1], "stock vLLM gives the token after the chunk now: retire the patch"
+
+
 _MLA_SPEC_BUDGET = """
 import json
 from kit.patches import apply_selected

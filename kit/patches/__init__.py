@@ -71,6 +71,7 @@ INDEX: tuple[str, ...] = (
     "api_key_every_route",
     # correctness of speculation (before pp_spec_schedule_gate: it replaces the function the gate wraps)
     "spec_no_pad_fresh_prompt",
+    "spec_chunk_boundary_token",
     # correctness of PP + speculation (V1 runner, sync scheduling)
     "pp_spec_schedule_gate",
     "pp_microbatches",
