@@ -46,6 +46,7 @@ class Comparison:
             "acceptance": {"num_drafts": s.num_drafts, "num_draft_tokens": s.num_draft_tokens,
                            "num_accepted_tokens": s.num_accepted_tokens, "per_position": s.per_position,
                            "mean_acceptance_length": s.mean_acceptance_length},
+            "scheduler": {"run": self.result.scheduler, "reference": self.reference.scheduler},
             **self._single_node_dict(),
             "topology": self.topology.describe(),
             "reference_topology": self.topology.reference().describe(),

@@ -160,12 +160,13 @@ for pp in (1, 2, 4):
     CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
 # CI runs the DeepSeek (MLA, trained MTP) and Eagle3 traffic cells at PP=2: the slice of real traffic in the
 # default selection, and the one MLA and one Eagle3 cell there (patch cpu_mla_spec_token_budget: the long prompts).
-for pp in (1, 2):
+for pp in (1, 2, 4):
     CELLS.append(Cell("tiny-mimo", True, pp, "ngram:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
     CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True,
                       fast=(pp == 2)))
-CELLS.append(Cell("tiny-glm4-moe", True, 2, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
-CELLS.append(Cell("tiny-llama-swa", True, 2, "eagle3:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True, fast=True))
+    CELLS.append(Cell("tiny-glm4-moe", True, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
+    CELLS.append(Cell("tiny-llama-swa", True, pp, "eagle3:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True,
+                      fast=(pp == 2)))
 
 
 _REFS: dict[tuple, GenerationResult] = {}
@@ -216,8 +217,11 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(c.id for c in cells))
         return 0
     started, t_start = datetime.now(timezone.utc), time.monotonic()
-    lines = ["| cell | identical | first divergence | drafts | accepted | per position | = PP=1 counters | s |",
-             "|---|---|---|---|---|---|---|---|"]
+    # Traffic cells also say what the scheduler met: preemptions and prefix-cache hits (tokens) in the run.
+    sched = any(c.traffic for c in cells)
+    lines = ["| cell | identical | first divergence | drafts | accepted | per position | = PP=1 counters |"
+             + (" preempted | prefix-cache hits |" if sched else "") + " s |",
+             "|---|---|---|---|---|---|---|" + ("---|---|" if sched else "") + "---|"]
     print("\n".join(lines), flush=True)
     bad = 0
     # Accepted drafts per position must not depend on PP: each PP>1 cell against its PP=1 sibling of this run.
@@ -235,18 +239,26 @@ def run(args: argparse.Namespace) -> int:
             elif c.spec != "none" and sibling in pp1:
                 same = "yes" if pp1[sibling] == a["per_position"] else "**NO**"
             row = (c.id, "yes" if d["identical"] else "**NO**", d["first_divergence"] or "", a["num_drafts"],
-                   a["num_accepted_tokens"], a["per_position"], same, round(time.monotonic() - t0))
+                   a["num_accepted_tokens"], a["per_position"], same)
+            if sched:
+                run_s = d["scheduler"]["run"]
+                row += (run_s.get("preemptions", ""), run_s.get("prefix_cache_hits", ""))
+            row += (round(time.monotonic() - t0),)
             bad += not d["identical"] or same == "**NO**"
             if args.jsonl:
                 with open(args.jsonl, "a") as f:
                     f.write(json.dumps({"cell": c.id, **d}) + "\n")
         except Exception as e:
-            row = (c.id, "**ERROR**", str(e).splitlines()[0][:120], "", "", "", "", round(time.monotonic() - t0))
+            row = (c.id, "**ERROR**", str(e).splitlines()[0][:120], "", "", "", "") + ("", "") * sched \
+                + (round(time.monotonic() - t0),)
             bad += 1
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
         print(lines[-1], flush=True)
     if args.write:
-        note = (f"{len(cells)} cell{'' if len(cells) == 1 else 's'}, {NUM_PROMPTS} prompts x {MAX_TOKENS} new tokens each, greedy, against the "
+        plain = any(not c.traffic for c in cells)
+        note = (f"{len(cells)} cell{'' if len(cells) == 1 else 's'}, "
+                + (f"{NUM_PROMPTS} prompts x {MAX_TOKENS} new tokens each" if plain else f"up to {MAX_TOKENS} new tokens per prompt")
+                + ", greedy, against the "
                 f"no-spec reference of the same weights; {bad} not identical or failed; kit patches "
                 f"{os.environ.get('KIT_PATCHES') or 'all (default)'}; "
                 f"{time.monotonic() - t_start:.0f} s in all (\"s\": per cell, engine starts included)."
@@ -254,7 +266,10 @@ def run(args: argparse.Namespace) -> int:
                    f"{', '.join(map(str, traffic.lengths(2)))} tokens at k=2 and two sharing {2 * traffic.BLOCK} tokens), "
                    f"stop token {traffic.STOP_TEXT!r}, max_num_seqs {traffic.MAX_NUM_SEQS}, "
                    f"max_num_batched_tokens {traffic.PREFILL_BUDGET}, {traffic.KV_BLOCKS} KV blocks of {traffic.BLOCK} "
-                   "tokens, the same in the reference." if any(c.traffic for c in cells) else ""))
+                   "tokens, the same in the reference; \"preempted\": requests the scheduler preempted in the cell's run "
+                   "(vllm:num_preemptions), \"prefix-cache hits\": prompt tokens read from the prefix cache there "
+                   "(vllm:prefix_cache_hits; the MLA and hybrid families run without prefix caching on CPU)."
+                   if sched else ""))
         write_block(args.write, block_key("kit.checks.matrix", argv, skip=("--write", "--jsonl")), note + "\n\n" +
                     "\n".join(lines), command_line("kit matrix", argv), when=started,
                     title="Correctness matrix")

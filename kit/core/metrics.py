@@ -153,6 +153,23 @@ class Counters:
         return d
 
 
+# The scheduler's own counters that say which traffic a run met (``LLM.get_metrics()`` names; token counts for the
+# prefix cache).
+SCHEDULER_COUNTERS = {"preemptions": "vllm:num_preemptions", "prefix_cache_queries": "vllm:prefix_cache_queries",
+                      "prefix_cache_hits": "vllm:prefix_cache_hits"}
+
+
+def scheduler_counters(metrics) -> dict[str, int]:
+    """Preemptions and prefix-cache queried/hit tokens from ``LLM.get_metrics()``, summed over label sets."""
+    out = dict.fromkeys(SCHEDULER_COUNTERS, 0)
+    names = {v: k for k, v in SCHEDULER_COUNTERS.items()}
+    for m in metrics:
+        key = names.get(getattr(m, "name", ""))
+        if key is not None:
+            out[key] += int(getattr(m, "value", 0) or 0)
+    return out
+
+
 def block_size_from_metrics(text: str) -> int | None:
     """The KV cache block size from ``vllm:cache_config_info``, or None when the page lacks it."""
     for s in parse_prometheus(text):

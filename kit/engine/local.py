@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from kit.core.metrics import SpecCounters
+from kit.core.metrics import SpecCounters, scheduler_counters
 from kit.core.topology import Topology
 from kit.engine.progress import generation_bar
 from kit.engine.result import GenerationResult
@@ -57,11 +57,12 @@ class LocalEngine:
                              logprobs=2 if top2 else None, seed=None if seed is None else seed + i,
                              stop_token_ids=list(stop_token_ids or []))
               for i in range(len(prompts))]
-        before = self.counters()
+        before, sched_before = self.counters(), scheduler_counters(self.llm.get_metrics())
         t0 = time.monotonic()
         outs = self.llm.generate(prompts, sp, use_tqdm=generation_bar if progress_lines else False)
         secs = time.monotonic() - t0
         spec = self.counters() - before
+        sched = {k: v - sched_before[k] for k, v in scheduler_counters(self.llm.get_metrics()).items()}
         tops = None
         if top2:
             tops = []
@@ -75,7 +76,7 @@ class LocalEngine:
             token_ids=[list(o.outputs[0].token_ids) for o in outs],
             texts=[o.outputs[0].text for o in outs],
             prompt_token_ids=[list(o.prompt_token_ids) for o in outs],
-            spec=spec, seconds=secs, top2=tops, topology=self.topology.describe())
+            spec=spec, seconds=secs, top2=tops, topology=self.topology.describe(), scheduler=sched)
 
     def inspect(self) -> list[dict]:
         """Per-rank placement, gathered from each live worker."""

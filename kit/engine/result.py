@@ -23,6 +23,8 @@ class GenerationResult:
     # Per prompt, per position: (top-1 token, top-1 logprob, top-2 logprob) when requested.
     top2: list[list[list[float]]] | None = None
     topology: dict = field(default_factory=dict)
+    # Scheduler counters over the run (kit.core.metrics.scheduler_counters): preemptions, prefix-cache tokens.
+    scheduler: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)
