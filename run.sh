@@ -6,4 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
 .venv/bin/python -m kit report "$@"
-if [[ " $* " == *" --lab "* ]]; then exec .venv/bin/jupyter lab --notebook-dir=reports; fi
+# JupyterLab refuses to start as root unless told (containers and CI run as root); it listens on localhost only.
+if [[ " $* " == *" --lab "* ]]; then
+  as_root=(); if [ "$(id -u)" = 0 ]; then as_root=(--allow-root); fi
+  exec .venv/bin/jupyter lab --notebook-dir=reports ${as_root[@]+"${as_root[@]}"}
+fi

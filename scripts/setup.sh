@@ -21,5 +21,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
   echo "$want" > "$stamp"
 fi
+# tests/test_browser.py drives Debian's chromium (Playwright's own browser download needs hosts other than the
+# package registries): installed here where it is missing and apt-get can; without it that test fails under CI.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing Debian's chromium (for tests/test_browser.py)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null \
+      || echo "[setup] could not install chromium: tests/test_browser.py needs it"
+  else
+    echo "[setup] chromium not found: tests/test_browser.py needs it (as root: apt-get install chromium)"
+  fi
+fi
 .venv/bin/python -c "import vllm, kit; print('[setup] vLLM', vllm.__version__, '+ ppmtp-kit', kit.__version__, 'ready')" 2>/dev/null \
   || { echo "[setup] import check failed: run .venv/bin/python -c 'import vllm'"; exit 1; }
