@@ -153,6 +153,10 @@ claim(first_divergence(cmp.reference, broken) is not None and d["identical"],
       "with every patch on, none")
 
 # %% [markdown]
+# **Takeaway:** with the kit's patches, PP=2 with MTP drafts gives exactly the PP=1 no-spec reference's tokens; with
+# the scheduling gate off, a request is scheduled again while its step is in flight and the tokens stop matching.
+
+# %% [markdown]
 # ## Glossary
 # The words of these notebooks, as the kit uses them (vLLM 0.32, V1 engine).
 #

@@ -436,3 +436,8 @@ display(Markdown(f"**This run:** {len(pairs)} steps of {len(flights)} requests o
 claim(bool(pairs) and not mismatch and total_gap > 0,
       f"rank 0's history is short by exactly the drafts the last rank accepted in the previous step ({total_gap} tokens "
       f"over {len(pairs)} steps): what pp_spec_token_history fills in", mismatch[:5])
+
+# %% [markdown]
+# **Takeaway:** the MTP drafter, the LM head and the MTP layer's KV live on the last rank only, the embedding on rank
+# 0 only; with the kit's schedule two micro-batches are in flight at PP=2, across nodes too, and rank 0's token
+# history lags by exactly the drafts the last rank accepted, which `pp_spec_token_history` fills in.

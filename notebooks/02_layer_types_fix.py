@@ -267,3 +267,7 @@ claim("Duplicate layer name" not in nc_err,
       f"at PP={NO_CLASH_PP} the per-rank count names the draft layer {predicted['draft']}, a target layer of "
       f"rank {predicted['elsewhere']}; no rank refuses the name, and the engine core stops at KV cache setup because "
       f"the two layers' specs ({draft_kind} vs {target_kind}) differ", nc_err)
+
+# %% [markdown]
+# **Takeaway:** number the Eagle3 draft layer after the model's total layer count: the per-rank count keeps the
+# `layer_types` index right but gives the draft layer a target layer's name, and the engine does not start.

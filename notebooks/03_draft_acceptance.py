@@ -221,6 +221,10 @@ for pp, p in lows.items():
           f"(within 4 sd = {4 * sd:.2f})")
 
 # %% [markdown]
+# **Takeaway:** acceptance belongs to the model and its drafter, not to the PP split: PP=1 and PP=2 accept the same
+# drafts per position, and sampled drafts are accepted as often as the target's probabilities predict.
+
+# %% [markdown]
 # ## Try it yourself
 # Pick k, PP, temperature and a prompt, then press Run (widgets; the defaults above run headless). Each press starts
 # one engine, about 15-25 s on 2 cores at PP=1 or 2 and about 40 s at PP=4; the button stays disabled meanwhile.

@@ -332,3 +332,8 @@ engine.precheck(t)   # default KIT_PATCHES=all: allowed (raises otherwise)
 claim(bool(rule_err) and "only supported on the prefill side" in rule_err,
       "with the correctness patches off the decode-side rule refuses PP=2 + MTP before any process starts; "
       "with them on it is allowed")
+
+# %% [markdown]
+# **Takeaway:** a PD pair's decode server gives one plain engine's tokens; the producer's ranks send every prompt KV
+# byte the model's shape predicts, the MTP layer's included, and a producer that withholds the MTP layer's KV costs
+# accepted drafts, not correctness.
