@@ -39,13 +39,20 @@ def test_from_runs_json_is_the_last_line(tmp_path, capsys):
     assert [r["topology"] for r in rows] == ["pp1 none b1", "pp1 mtp:1 b1", "pp1 mtp:2 b1"]
     for r in rows:
         assert r["runs"] == 2 and r["batch"] == 1 and r["pp"] == 1
-        assert r["decode_tok_s"]["min"] <= r["decode_tok_s"]["median"] <= r["decode_tok_s"]["max"]
+        d = r["decode_tok_s"]
+        assert d["min"] <= d["lo"] <= d["median"] <= d["hi"] <= d["max"] and len(d["values"]) == 2
         assert {"topology", "pp", "spec", "batch", "decode_tok_s", "mean_accept_len", "tokens_per_target_forward",
                 "start_s", "started_at"} <= set(r)
     # The synthetic runs follow the model exactly: the prediction agrees.
     assert rows[2]["payoff"]["agrees"] and abs(rows[2]["payoff"]["error"]) < 0.02
     assert 0 < rows[1]["payoff"]["break_even"] < 1
     assert any(line.startswith("| pp1 mtp:2 b1 |") and "yes" in line for line in text)
+    # Every speculative row has its speed-up over no speculation, with its interval, in the JSON and the tables.
+    assert [s["over"] for s in rows[2]["speedups"]] == ["pp1 none b1"] and rows[0]["speedups"] == []
+    sp = rows[2]["speedups"][0]
+    assert sp["kind"] == "speculation" and sp["lo"] <= sp["median"] <= sp["hi"]
+    assert abs(sp["median"] - rows[2]["payoff"]["measured"]) < 1e-9
+    assert f"| pp1 mtp:2 b1 | pp1 none b1 | {sp['median']:.2f}x [{sp['lo']:.2f}–{sp['hi']:.2f}] |" in "\n".join(text)
     saved = json.loads(out_json.read_text())
     assert saved["rows"][0]["topology"] == "pp1 none b1" and "command" in saved and "machine" in saved
 
@@ -89,3 +96,87 @@ def test_from_runs_timeline_prints_one_line_per_traced_run(tmp_path, capsys):
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| pp2 mtp:2 b1 [KIT_PATCHES")]
     assert len(lines) == 2     # the rows table and the timeline table
     assert lines[1].startswith("| pp2 mtp:2 b1 [KIT_PATCHES=all,-pp_spec_schedule_gate] | 6 | 5 | 0 |")
+
+
+# -- intervals (kit.bench.stats) and the engines' order, on synthetic numbers ------------------------------------
+
+TIGHT = [100.0, 101.0, 99.0, 100.5, 99.5]
+WIDE = [100.0, 130.0, 70.0, 115.0, 85.0]
+
+
+def test_the_interval_contains_the_median():
+    from kit.bench.stats import median_interval
+
+    for values in (TIGHT, WIDE, [3.0], [1.0, 2.0], [5.0, 1.0, 4.0, 2.0, 3.0, 9.0, 0.5]):
+        ci = median_interval(values)
+        assert ci.lo <= ci.median <= ci.hi and min(values) <= ci.lo and ci.hi <= max(values)
+    assert median_interval([3.0]).to_dict() == {"median": 3.0, "lo": 3.0, "hi": 3.0}
+
+
+def test_a_wider_spread_gives_a_wider_interval():
+    from kit.bench.stats import median_interval, ratio_interval
+
+    tight, wide = median_interval(TIGHT), median_interval(WIDE)
+    assert tight.median == wide.median == 100.0 and wide.hi - wide.lo > 5 * (tight.hi - tight.lo)
+    r_tight, r_wide = ratio_interval(TIGHT, TIGHT), ratio_interval(WIDE, TIGHT)
+    assert r_wide.hi - r_wide.lo > r_tight.hi - r_tight.lo
+
+
+def test_separated_samples_are_separate_and_overlapping_ones_are_not():
+    from kit.bench.stats import median_interval, ratio_interval, separate
+
+    fast = [1.5 * v for v in TIGHT]
+    assert separate(median_interval(fast), median_interval(TIGHT))
+    assert ratio_interval(fast, TIGHT).excludes(1.0)
+    shifted = [1.03 * v for v in WIDE]     # 3 % faster in the median, well inside the spread
+    assert not separate(median_interval(shifted), median_interval(WIDE))
+    assert not ratio_interval(shifted, WIDE).excludes(1.0)
+
+
+def test_the_speedup_table_marks_only_separate_intervals(capsys, tmp_path):
+    lines = []
+    for rep in range(5):   # rows interleaved, as kit bench runs them
+        for label, k, tok_s in (("pp1 none", 0, TIGHT[rep]), ("pp1 mtp:2", 2, 1.5 * TIGHT[rep]),
+                                ("pp1 mtp:2 [off]", 2, 1.03 * 1.5 * WIDE[rep])):
+            rec = _record("m", 1, k, 1, tok_s, 2.5, 0.01, 0.008, 0.001)
+            lines.append({**rec, "topology": f"{label} b1", "components": None})
+    p = tmp_path / "runs.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert main(["bench", "--quiet", "--from-runs", str(p), "--json"]) == 0
+    text = capsys.readouterr().out.strip().splitlines()
+    rows = {r["topology"]: r for r in json.loads(text[-1])}
+    assert [(s["over"], s["separate"]) for s in rows["pp1 mtp:2 b1"]["speedups"]] == [("pp1 none b1", True)]
+    # No "pp1 none [off]" row: the variant is compared with its plain row only.
+    assert [(s["kind"], s["over"], s["separate"]) for s in rows["pp1 mtp:2 [off] b1"]["speedups"]] == [
+        ("variant", "pp1 mtp:2 b1", False)]
+    assert "| pp1 mtp:2 [off] b1 | pp1 mtp:2 b1 | 1.03x [" in "\n".join(text)
+    assert [x.rsplit("|", 2)[1].strip() for x in text if x.startswith("| pp1 mtp:2 [off] b1 | pp1 mtp:2 b1 |")] == [
+        "overlap"]
+    assert "| pp1 none b1 | 25.0 [25.0–25.0] |" in "\n".join(text)   # median [interval], not (min–max)
+
+
+def test_the_intervals_are_reproducible_with_the_seed():
+    from kit.bench.stats import median_interval, ratio_interval
+
+    assert median_interval(WIDE) == median_interval(WIDE) == median_interval(list(WIDE), seed=0)
+    assert ratio_interval(WIDE, TIGHT) == ratio_interval(WIDE, TIGHT)
+    # Few resamples, so that the percentiles fall between resampled medians: then the seed is what fixes them.
+    assert len({ratio_interval(WIDE, TIGHT, resamples=40, seed=s) for s in range(5)}) > 1
+
+
+def test_the_engines_of_the_rows_are_interleaved():
+    from kit.bench.measure import interleaved
+
+    order = interleaved(["A", "B"], 5)
+    assert [case for _, case in order] == ["A", "B"] * 5
+    assert [rep for rep, _ in order] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_five_engines_per_row_by_default():
+    import argparse
+
+    from kit.bench.measure import register
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    assert sub.choices["bench"].parse_args([]).repeats == 5

@@ -1,7 +1,9 @@
 """``kit bench``: start-up, time to first token, decode speed, acceptance and memory per topology.
 
-Printed tables, not timed tests: each figure is the median of ``--repeats`` fresh engines with min/max.
-Run it on an idle machine (it refuses to start while other vLLM processes run, unless ``--force``).
+Printed tables, not timed tests: each figure is the median of ``--repeats`` fresh engines (5 by default) with its
+bootstrap 95 % interval, the engines of all rows interleaved (A B A B ...); a speed-up between two rows is claimed
+only when the intervals separate (:mod:`kit.bench.stats`). Run it on an idle machine (it refuses to start while
+other vLLM processes run, unless ``--force``).
 ``--write FILE`` (e.g. ``docs/results/bench.md``) also writes the printed table into FILE, headed by date,
 machine, versions and the command (:mod:`kit.core.results`), replacing that command's earlier block.
 """
@@ -14,6 +16,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 # aggregate and payoff_rows are also imported from here (notebook 05).
 from kit.bench.table import (  # noqa: F401
@@ -24,6 +27,7 @@ from kit.bench.table import (  # noqa: F401
     load_runs,
     payoff_rows,
     save_run,
+    speedup_lines,
     table_line,
     timeline_lines,
 )
@@ -49,6 +53,15 @@ from kit.core.validate import arg_count, check_counts, check_max_tokens
 from kit.engine import SEPARATE_ENGINE_CORE_ENV
 from kit.engine import run as run_engine
 from kit.engine.procs import leftover_vllm_processes
+
+T = TypeVar("T")
+
+
+def interleaved(cases: list[T], repeats: int) -> list[tuple[int, T]]:
+    """The order engines run in: ``(repeat, case)``, repeat 0 of every case, then repeat 1, ... (A B A B ...,
+    not A A B B): a slow drift of a shared machine then hits every case alike instead of whichever ran last, and
+    each row's engines spread over the whole run."""
+    return [(rep, case) for rep in range(repeats) for case in cases]
 
 
 def _groups(prompts: list[str], batch: int) -> list[list[str]]:
@@ -239,7 +252,9 @@ def register(sub) -> None:
     add_runner_flag(p)
     p.add_argument("--pp", default="1,2,4", help="PP sizes of the grid, comma-separated")
     p.add_argument("--spec", default="none,mtp:1,mtp:2,mtp:3", help="spec settings of the grid, comma-separated")
-    p.add_argument("--repeats", type=arg_count, default=3)
+    p.add_argument("--repeats", type=arg_count, default=5,
+                   help="fresh engines per row (default 5), run interleaved with the other rows' (A B A B ...); "
+                        "each figure is their median with its bootstrap 95 %% interval")
     add_prompt_flags(p, limit=8)
     add_output_flags(p, max_tokens=64, timeout=None)
     p.add_argument("--compiled", action="store_true")
@@ -343,13 +358,14 @@ def run(args: argparse.Namespace) -> int:
         cases.append((f"PD pp{ppp} {pspec or 'none'} -> pp{cpp} {cspec or 'none'} [{conn}]", (p, c), None))
     if args.from_runs:
         records = load_runs(args.from_runs)
-        what = f"merged from {args.from_runs}: {len(records)} engine runs"
+        what = f"merged from {args.from_runs}: {len(records)} engine runs, median [bootstrap 95 % interval] per row"
     else:
         _refuse_if_busy(args.force)
         what = (f"model {args.model} ({'random' if args.random else 'trained'}), {len(prompts)} prompts x "
                 f"{args.max_tokens} tokens, "
                 + (f"batch {args.batch} (prompts submitted that many at a time), " if batches else "")
-                + f"{'compiled' if args.compiled else 'eager'}, median (min–max) of {args.repeats}")
+                + f"{'compiled' if args.compiled else 'eager'}, median [bootstrap 95 % interval] of {args.repeats} "
+                "engines per row, interleaved")
         records = []
     print(f"# kit bench — {time.strftime('%Y-%m-%d')} — {machine(python=True)}")
     if extra_env:
@@ -357,33 +373,30 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {what}\n")
     out += [what + (f"; extra environment {extra_env}" if extra_env else ""), "", *TABLE_HEAD]
     print("\n".join(out[2:]))
-    # Round-robin over the cases (repeat 1 of every case, then repeat 2, ...): slow drifts of a shared
-    # machine then hit every case alike instead of whichever ran last.
     failed: dict[str, str] = {}
-    for rep in range(0 if args.from_runs else args.repeats):
-        for label, topo, env in cases:
-            if label in failed:
-                continue
-            try:
-                if isinstance(topo, tuple):
-                    records.append({**_describe(label, topo[1], None), **measure_pd(*topo, prompts, args.max_tokens)})
-                else:
-                    env = {**(env or {}), **extra_env} or None
-                    per_batch = measure_batches(topo, prompts, args.max_tokens, env=env, batches=batches, timing=timing,
-                                                trace=args.timeline)
-                    # Extra environment is part of the row's name: runs with and without it never merge.
-                    shown = label + "".join(f" [{kk}={vv}]" for kk, vv in extra_env.items() if f"{kk}=" not in label)
-                    for b, r in per_batch.items():
-                        events = r.pop("trace_events", None)
-                        records.append({**_describe(shown, topo, b if batches else None), **r})
-                        if args.save_trace and events is not None:
-                            save_run(args.save_trace, {"topology": records[-1]["topology"], "model": topo.model,
-                                                       "env": env, "events": events})
-                        if args.save_runs:
-                            save_run(args.save_runs, records[-1])
-            except Exception as e:  # noqa: BLE001 - a failed case is a row
-                failed[label] = str(e).splitlines()[0][:100]
-            print(f"[bench] {label} repeat {rep + 1}: {'failed' if label in failed else 'ok'}", file=sys.stderr, flush=True)
+    for rep, (label, topo, env) in interleaved(cases, 0 if args.from_runs else args.repeats):
+        if label in failed:
+            continue
+        try:
+            if isinstance(topo, tuple):
+                records.append({**_describe(label, topo[1], None), **measure_pd(*topo, prompts, args.max_tokens)})
+            else:
+                env = {**(env or {}), **extra_env} or None
+                per_batch = measure_batches(topo, prompts, args.max_tokens, env=env, batches=batches, timing=timing,
+                                            trace=args.timeline)
+                # Extra environment is part of the row's name: runs with and without it never merge.
+                shown = label + "".join(f" [{kk}={vv}]" for kk, vv in extra_env.items() if f"{kk}=" not in label)
+                for b, r in per_batch.items():
+                    events = r.pop("trace_events", None)
+                    records.append({**_describe(shown, topo, b if batches else None), **r})
+                    if args.save_trace and events is not None:
+                        save_run(args.save_trace, {"topology": records[-1]["topology"], "model": topo.model,
+                                                   "env": env, "events": events})
+                    if args.save_runs:
+                        save_run(args.save_runs, records[-1])
+        except Exception as e:  # noqa: BLE001 - a failed case is a row
+            failed[label] = str(e).splitlines()[0][:100]
+        print(f"[bench] {label} repeat {rep + 1}: {'failed' if label in failed else 'ok'}", file=sys.stderr, flush=True)
     for label, why in failed.items():
         out.append(f"| {label} | failed: {why} |||||| ")
         print(out[-1], flush=True)
@@ -391,6 +404,9 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         out.append(table_line(r))
         print(out[-1], flush=True)
+    lines = speedup_lines(rows)
+    print("\n".join(lines), flush=True)
+    out += lines
     if args.timeline:
         lines = timeline_lines(records)
         print("\n".join(lines), flush=True)

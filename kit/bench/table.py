@@ -1,5 +1,6 @@
 """``kit bench``'s records and tables: engine runs as records (JSONL for ``--save-runs``/``--from-runs``),
-aggregated per topology (median, min, max), and the markdown rows; the ``--breakdown`` step-cost tables with
+aggregated per topology (median with its bootstrap 95 % interval, :mod:`kit.bench.stats`; min, max), the
+speed-ups between rows with their intervals, and the markdown rows; the ``--breakdown`` step-cost tables with
 :mod:`kit.bench.payoff`'s predictions.
 """
 from __future__ import annotations
@@ -8,14 +9,17 @@ import json
 import statistics
 from pathlib import Path
 
+from kit.bench.stats import Interval, median_interval, ratio_interval, separate
 from kit.core.topology import Topology, TopologyError
 
-__all__ = ["TABLE_HEAD", "aggregate", "breakdown_lines", "load_runs", "payoff_rows", "save_run", "table_line"]
+__all__ = ["SPEEDUP_HEAD", "TABLE_HEAD", "aggregate", "breakdown_lines", "load_runs", "payoff_rows", "save_run",
+           "speedup_lines", "speedups", "table_line"]
 
 
 TABLE_HEAD = ["| topology | start s | TTFT s | decode tok/s | mean accept len | tok/target fwd "
               "| peak RSS MiB (largest process) |",
               "|---|---|---|---|---|---|---|"]
+SPEEDUP_HEAD = ["| topology | over | decode speed-up [95 % interval] | intervals |", "|---|---|---|---|"]
 
 
 def _describe(label: str, topo: Topology, batch: int | None) -> dict:
@@ -51,10 +55,14 @@ def load_runs(paths: str) -> list[dict]:
 
 
 def _summary(vals: list) -> dict | None:
+    """``median``, its bootstrap interval ``lo``/``hi``, ``min``, ``max`` and the ``values`` themselves (from
+    which bench.json's readers can recompute any interval); ``None`` when no run gave a value."""
     vals = [v for v in vals if v is not None]
     if not vals:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    ci = median_interval(vals)
+    return {"median": statistics.median(vals), "lo": ci.lo, "hi": ci.hi, "min": min(vals), "max": max(vals),
+            "values": vals}
 
 
 def median_engine(runs: list[dict]) -> dict:
@@ -86,13 +94,81 @@ def aggregate(records: list[dict]) -> list[dict]:
             "peak_rss_mib": max((max(r["peak_rss_mib"].values(), default=0) for r in rs), default=0),
             "components": median_engine(rs).get("components"),
         })
+    for r, sp in zip(rows, speedups(rows)):
+        r["speedups"] = sp
     return rows
 
 
+def _variant(row: dict) -> str | None:
+    """The bracketed part of an engine row's topology (``"[off]"`` in ``"pp1 mtp:2 [off] b1"``, ``""`` for a plain
+    row); ``None`` for a row not named ``pp<PP> <spec>...`` (a PD pair), which is compared with nothing."""
+    label = row["topology"]
+    if row.get("batch") and label.endswith(f" b{row['batch']}"):
+        label = label[: -len(f" b{row['batch']}")]
+    head, _, rest = label.partition(" [")
+    if len(head.split()) != 2 or head.split()[0] != f"pp{row['pp']}":
+        return None
+    return f"[{rest}" if rest else ""
+
+
+def _speedup(row: dict, base: dict, kind: str) -> dict:
+    """``row``'s decode tok/s over ``base``'s: the ratio of medians, its interval, and whether the difference is
+    claimed (``separate``): only when the speed-up's interval excludes 1.0 and the two rows' own intervals do not
+    overlap, so neither a lucky ratio nor two stray engines alone make a claim."""
+    a, b = row["decode_tok_s"], base["decode_tok_s"]
+    ci = ratio_interval(a["values"], b["values"])
+    rows_apart = separate(Interval(a["median"], a["lo"], a["hi"]), Interval(b["median"], b["lo"], b["hi"]))
+    return {"over": base["label"], "kind": kind, **ci.to_dict(), "separate": ci.excludes(1.0) and rows_apart}
+
+
+def speedups(rows: list[dict]) -> list[list[dict]]:
+    """Each aggregated row's decode speed-ups, in row order: over no speculation (``kind`` "speculation": the
+    ``none`` row of the same model, PP, batch and variant) for a speculative row, and over the first row of its
+    (model, PP, spec, batch) group (``kind`` "variant": a ``--variant``, ``--patch-cost`` or ``--startup`` row
+    against the plain or first-listed one). Rows without decode values or not named ``pp<PP> <spec>`` get none."""
+    usable = [(r, _variant(r)) for r in rows]
+    usable = [(r, v) for r, v in usable if v is not None and r.get("decode_tok_s") and r["decode_tok_s"].get("values")]
+    plain = {}
+    first = {}
+    for r, v in usable:
+        if r["k"] == 0:
+            plain.setdefault((r["model"], r["pp"], r.get("batch"), v), r)
+        first.setdefault((r["model"], r["pp"], r["spec"], r.get("batch")), r)
+    out: dict[int, list[dict]] = {}
+    for r, v in usable:
+        found = out.setdefault(id(r), [])
+        base = plain.get((r["model"], r["pp"], r.get("batch"), v))
+        if r["k"] and base is not None:
+            found.append(_speedup(r, base, "speculation"))
+        base = first[(r["model"], r["pp"], r["spec"], r.get("batch"))]
+        if base is not r:
+            found.append(_speedup(r, base, "variant"))
+    return [out.get(id(r), []) for r in rows]
+
+
+def _fmt_speedup(sp: dict) -> str:
+    return f"{sp['median']:.2f}x [{sp['lo']:.2f}–{sp['hi']:.2f}]"
+
+
+def speedup_lines(rows: list[dict]) -> list[str]:
+    """The speed-up table (rows of :func:`aggregate`): one line per speed-up; ``separate`` marks a difference the
+    runs support (:func:`_speedup`), ``overlap`` one they do not. Empty when no row has a speed-up."""
+    lines = [f"| {r['label']} | {sp['over']} | {_fmt_speedup(sp)} | {'separate' if sp['separate'] else 'overlap'} |"
+             for r in rows for sp in r.get("speedups") or []]
+    if not lines:
+        return []
+    return ["", "Decode speed-ups: a row's median decode tok/s over another's, with the bootstrap 95 % interval of "
+            "the ratio (each row's engines resampled on their own); a difference is claimed (separate) only when that "
+            "interval excludes 1.00x and the two rows' own intervals do not overlap.", "", *SPEEDUP_HEAD, *lines]
+
+
 def _fmt(s: dict | None, fmt: str) -> str:
+    """``median [lo–hi]``; rows of a bench.json written before the intervals have only min and max."""
     if not s:
         return "-"
-    return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
+    if "lo" not in s:
+        return f"{fmt.format(s['median'])} ({fmt.format(s['min'])}–{fmt.format(s['max'])})"
+    return f"{fmt.format(s['median'])} [{fmt.format(s['lo'])}–{fmt.format(s['hi'])}]"
 
 
 def table_line(row: dict) -> str:
@@ -148,7 +224,8 @@ def breakdown_lines(rows: list[dict], ks: tuple[int, ...] = (1, 2, 3, 4)) -> lis
             r["payoff"] = {key: p[key] for key in ("measured", "predicted", "error", "agrees", "acceptance", "break_even",
                                                    "occupancy", "predicted_at_occupancy", "error_at_occupancy",
                                                    "agrees_at_occupancy")}
-    lines += ["", "Speed-up over no speculation (same model, PP, batch): measured (median decode tok/s ratio) and "
+    lines += ["", "Speed-up over no speculation (same model, PP, batch): measured (median decode tok/s ratio [its "
+              "bootstrap 95 % interval]) and "
               "predicted by kit.bench.payoff from the fitted step costs and the row's measured mean acceptance length; "
               "a = the i.i.d. per-position acceptance rate with that length; a* = break-even rate for that k. The "
               "prediction assumes full steps (every step carrying the plain engine's requests per step); occupancy = "
@@ -161,7 +238,11 @@ def breakdown_lines(rows: list[dict], ks: tuple[int, ...] = (1, 2, 3, 4)) -> lis
         p = r.get("payoff")
         if p:
             be = "never pays" if p["break_even"] is None else f"{p['break_even']:.2f}"
-            lines.append(f"| {r['label']} | {r['mean_accept_len']:.2f} | {p['acceptance']:.3f} | {p['measured']:.2f}x "
+            # The speed-up table's interval, when its baseline is the one the prediction used (same ratio).
+            sp = next((x for x in r.get("speedups") or [] if x["kind"] == "speculation"
+                       and abs(x["median"] - p["measured"]) <= 1e-9 * p["measured"]), None)
+            measured = _fmt_speedup(sp) if sp else f"{p['measured']:.2f}x"
+            lines.append(f"| {r['label']} | {r['mean_accept_len']:.2f} | {p['acceptance']:.3f} | {measured} "
                          f"| {p['predicted']:.2f}x | {100 * p['error']:+.0f} % | {'yes' if p['agrees'] else 'NO'} | {be} "
                          + (f"| {p['occupancy']:.2f} | {p['predicted_at_occupancy']:.2f}x | {100 * p['error_at_occupancy']:+.0f} % "
                             f"| {'yes' if p['agrees_at_occupancy'] else 'NO'} |" if p["occupancy"] else "| - | - | - | - |"))

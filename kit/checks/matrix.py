@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
         lines.append("| " + " | ".join(str(x) for x in row) + " |")
         print(lines[-1], flush=True)
     if args.write:
-        plain = any(not c.traffic for c in cells)
+        plain = not cells or any(not c.traffic for c in cells)
         note = (f"{len(cells)} cell{'' if len(cells) == 1 else 's'}, "
                 + (f"{NUM_PROMPTS} prompts x {MAX_TOKENS} new tokens each" if plain else f"up to {MAX_TOKENS} new tokens per prompt")
                 + ", greedy, against the "

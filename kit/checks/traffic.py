@@ -10,7 +10,7 @@ exact token counts (as vLLM counts them, special tokens included):
 - a stop token (:data:`STOP_TEXT`): a request stops where the model emits it, mid-draft as often as not, while the
   others run to ``max_tokens``;
 - a prefill budget of :data:`PREFILL_BUDGET` tokens per step (longer prompts are prefilled in chunks) and
-  :data:`KV_BLOCKS` KV blocks in all, fewer than three long requests need at once (preemption and recompute), with a
+  :data:`KV_BLOCKS` KV blocks in all, fewer than the running requests outgrow while decoding (preemption and recompute: the matrix table counts them), with a
   model length of :data:`MODEL_LEN` tokens (vLLM refuses fewer blocks than one request of the model's length needs).
 
 The reference engine (PP=1, no drafts) gets the same setting, so a difference is PP's or speculation's, not the
@@ -23,7 +23,8 @@ from kit.engine.launch import tokenizer as _tokenizer
 
 BLOCK = 128            # vLLM 0.32's KV block size on CPU (CpuPlatform's default)
 PREFILL_BUDGET = 64    # max_num_batched_tokens: a longer prompt is prefilled over several steps
-KV_BLOCKS = 6          # num_gpu_blocks_override: three requests of up to three blocks do not fit at once
+KV_BLOCKS = 5          # num_gpu_blocks_override: requests outgrow them while decoding and are preempted (6 were
+                       # enough for tiny-mimo's: 0 preemptions measured); 4 do not hold one 512-token request
 MODEL_LEN = 4 * BLOCK  # max_model_len: vLLM wants the KV blocks to hold one request of the model's full length
 MAX_NUM_SEQS = 3
 STOP_TEXT = "."

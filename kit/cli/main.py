@@ -39,6 +39,7 @@ GROUPS: list[tuple[str, list]] = [
              ("acceptance",)),
         Tool("zoo-status", "kit.checks.zoo_status", "which zoo families vLLM starts at PP=1 with their drafter"),
         Tool("faults", "kit.checks.faults", "kill, block and fill things during runs; what the kit reports"),
+        Tool("repro", "kit.checks.repro", "a vLLM defect the kit patches, on stock vLLM and patched (docs/upstream)"),
     ]),
     ("measure", [
         "bench",

@@ -1,0 +1,132 @@
+"""``kit repro``: each vLLM defect the kit patches, shown on stock vLLM and gone with the kit's patches.
+
+The reproducers are the ones written for upstream, ``docs/upstream/<patch>_repro.py``: short scripts that need only
+vLLM and a model shipped in ``data/models/``, and exit 1 when the defect shows, 0 when it does not. ``kit repro
+NAME`` runs one twice, as a plain vLLM user would meet it (``KIT_PATCHES=none``: the kit's plugin applies nothing)
+and with every kit patch on, under the kit's process guard (nothing outlives the run), and exits 0 only when the
+defect shows off and is gone on. ``kit repro --list`` lists the reproducers and their reports.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit.core.models import REPO_ROOT
+
+UPSTREAM = REPO_ROOT / "docs" / "upstream"
+SUFFIX = "_repro.py"
+TIMEOUT_S = 900
+TAIL_LINES = 6
+# How a reproducer is started: vLLM's general plugins loaded first, as vLLM loads them in every process it starts,
+# so that a reproducer that starts no engine (it calls one vLLM function) gets the kit's patches too when
+# KIT_PATCHES selects them; KIT_PATCHES=none applies nothing, which is stock vLLM.
+_LAUNCH = ("import runpy, sys; import vllm.plugins; vllm.plugins.load_general_plugins(); "
+           "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@dataclass
+class Outcome:
+    """One run of a reproducer: its exit code, what it printed last, and how long it took."""
+
+    patches: str
+    returncode: int | None     # None: stopped at the time limit
+    tail: list[str]
+    seconds: float
+
+    @property
+    def shows_defect(self) -> bool:
+        return self.returncode == 1
+
+
+def names() -> list[str]:
+    """Every reproducer's name (its patch's name), sorted."""
+    return sorted(p.name[: -len(SUFFIX)] for p in UPSTREAM.glob(f"*{SUFFIX}"))
+
+
+def title(name: str) -> str:
+    """The report's title: the first Markdown heading of ``docs/upstream/<name>.md``."""
+    report = UPSTREAM / f"{name}.md"
+    if report.exists():
+        for line in report.read_text().splitlines():
+            if line.startswith("#"):
+                return line.lstrip("#").strip()
+    return ""
+
+
+def run_one(name: str, patches: str, timeout: float = TIMEOUT_S) -> Outcome:
+    """Run ``docs/upstream/<name>_repro.py`` from the repository root with ``KIT_PATCHES=patches``."""
+    import tempfile
+
+    from kit.engine.procs import ManagedProcess
+
+    script = UPSTREAM / f"{name}{SUFFIX}"
+    with tempfile.TemporaryDirectory(prefix="kit-repro-") as tmp:
+        log = Path(tmp) / "out.log"
+        t0 = time.monotonic()
+        with ManagedProcess([sys.executable, "-c", _LAUNCH, str(script)], env={"KIT_PATCHES": patches}, log_path=log,
+                            cwd=REPO_ROOT, name=f"repro {name}") as proc:
+            try:
+                rc: int | None = proc.popen.wait(timeout=timeout)
+            except Exception:   # subprocess.TimeoutExpired: the context manager ends the tree
+                rc = None
+        text = log.read_text(errors="replace") if log.exists() else ""
+    lines, after_warning = [], False
+    for ln in text.splitlines():
+        # vLLM's log lines and Python warnings (a warning's source line follows it, indented) are not the script's.
+        if after_warning and ln.startswith("  "):
+            continue
+        after_warning = "Warning:" in ln
+        if ln.strip() and not after_warning and " INFO " not in ln and " WARNING " not in ln:
+            lines.append(ln)
+    return Outcome(patches, rc, lines[-TAIL_LINES:], time.monotonic() - t0)
+
+
+def _print(name: str, o: Outcome) -> None:
+    what = {1: "defect shows", 0: "no defect"}.get(o.returncode, "stopped at the time limit"
+                                                    if o.returncode is None else f"failed (exit {o.returncode})")
+    print(f"  KIT_PATCHES={o.patches}: {what} ({o.seconds:.0f} s)")
+    for ln in o.tail:
+        print(f"    | {ln}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``kit repro NAME [NAME ...]`` / ``kit repro --list`` / ``kit repro --all``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = argparse.ArgumentParser(prog="kit repro", description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", metavar="NAME", help="a reproducer's name (kit repro --list prints them)")
+    ap.add_argument("--list", action="store_true", help="list the reproducers and their reports' titles")
+    ap.add_argument("--all", action="store_true", help="run every reproducer")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per run (default %(default)s)")
+    args = ap.parse_args(argv)
+    known = names()
+    if args.list:
+        for n in known:
+            print(f"{n}: {title(n)}")
+        return 0
+    wanted = known if args.all else args.names
+    unknown = [n for n in wanted if n not in known]
+    if not wanted or unknown:
+        why = f"no reproducer {', '.join(unknown)}" if unknown else "name a reproducer or pass --all"
+        print(f"kit repro: error: {why} (kit repro --list prints them)", file=sys.stderr)
+        return 2
+    if args.timeout <= 0:
+        print(f"kit repro: error: --timeout must be > 0, got {args.timeout}", file=sys.stderr)
+        return 2
+    bad = 0
+    for n in wanted:
+        print(f"{n}: {title(n)}", flush=True)
+        off = run_one(n, "none", args.timeout)
+        _print(n, off)
+        on = run_one(n, "all", args.timeout)
+        _print(n, on)
+        ok = off.shows_defect and on.returncode == 0
+        bad += not ok
+        print(f"  => {'reproduced on stock vLLM, gone with the kit patch' if ok else 'NOT as expected'}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
