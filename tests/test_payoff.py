@@ -1,4 +1,5 @@
 """kit.bench.payoff: the break-even model's pure functions (no engine), and one small engine run of the measurement path."""
+import json
 import math
 
 import pytest
@@ -350,3 +351,150 @@ def test_notebook_05_prose_matches_the_committed_rows():
         for new, old, word in re.findall(r"k=\d ([0-9.]+)x against ([0-9.]+)x \(([a-z ]+)\)", line):
             new, old = float(new), float(old)
             assert {"less": new < old, "more": new > old, "about the same": abs(new / old - 1) <= 0.03}[word], line
+
+
+# -- held-out predictions (kit.bench.holdout) ----------------------------------------------------------------------
+
+def _law_row(c, model, pp, batch, k, length, occ=1.0, draft_scale=1.0):
+    """A row generated from the cost law ``c`` (at this batch): its components and a decode speed that follows from
+    them, with ``occ`` of the batch in every speculative step (a split batch needs 1/occ times the steps)."""
+    fwd = c.forward_s(batch * (k + 1))
+    draft = 0.0 if k == 0 else (c.draft_base_s + c.draft_per_token_s * k) * draft_scale
+    period = (c.fixed_nospec_s if k == 0 else c.fixed_spec_s) + fwd + draft
+    tokens = 512
+    steps = tokens / batch / length / (occ if k else 1.0)
+    return {"model": model, "pp": pp, "batch": batch, "k": k, "tokens_per_forward": length,
+            "decode_tok_s": tokens / (steps * period), "label": f"{model} pp{pp} k={k} b{batch}",
+            "components": {"forward_s": fwd, "draft_s": draft, "period_s": period, "steps": steps}}
+
+
+_LENGTHS = {0: 1.0, 1: 1.8, 2: 2.4, 3: 2.9}
+
+
+def _law_rows(model="m", batches=(1, 4), pps=(1, 2), ks=(0, 1, 2, 3), base=None):
+    """Rows of every (PP, batch, k) from one cost law per PP; at PP=2 and batch 4 the speculative steps carry
+    half the batch (the gate's split), as :func:`kit.bench.holdout.schedule_occupancy` predicts."""
+    from kit.bench.holdout import schedule_occupancy
+
+    rows = []
+    for pp in pps:
+        law = base or _costs(draft_base_s=0.0005, fixed_spec_s=0.003 + 0.001 * (pp - 1))
+        for b in batches:
+            # The drafter at batch b costs what the target forward does relative to batch 1 (transfer's rule).
+            scale = law.forward_s(b) / law.forward_s(1)
+            lawb = Costs(**{**law.to_dict(), "batch": b, "pp": pp})
+            rows += [_law_row(lawb, model, pp, b, k, _LENGTHS[k], schedule_occupancy(pp, b, k), scale) for k in ks]
+    return rows
+
+
+def _split(result, name):
+    return next(s for s in result if s["name"] == name)
+
+
+def test_holdout_predicts_a_larger_k_from_the_same_cost_law_exactly():
+    from kit.bench.holdout import evaluate
+
+    rows = _law_rows(batches=(1, 4), pps=(1, 2))
+    s = _split(evaluate(rows), "fit k<=2 -> predict k=3")
+    assert [(g["pp"], g["batch"], g["k"]) for g in s["rows"]] == [(1, 1, 3), (1, 4, 3), (2, 1, 3), (2, 4, 3)]
+    assert s["fit"] == len(rows) - 4 and not s["skipped"]
+    assert s["max_abs_error"] < 1e-9
+    # The PP=2 batch-4 row ran half full: the occupancy was predicted from the schedule, not read.
+    assert [g["occupancy"] for g in s["rows"]] == [1.0, 1.0, 1.0, 0.5]
+    assert all(g["source"] == (g["model"], g["pp"], g["batch"]) for g in s["rows"])
+
+
+def test_holdout_carries_costs_across_batch_and_model_when_the_law_holds():
+    from kit.bench.holdout import evaluate
+
+    rows = _law_rows(batches=(1, 4), pps=(1, 2))
+    s = _split(evaluate(rows), "fit batch 1 -> predict batch 4")
+    assert len(s["rows"]) == 6 and s["max_abs_error"] < 1e-9
+    assert {g["source"] for g in s["rows"]} == {("m", 1, 1), ("m", 2, 1)}
+    # Another model: the same law with every forward twice as dear and twice the layers (the drafter per layer the
+    # same), measured at k=0 and 2 only; predicted from "m" at the same PP and batch.
+    big = _costs(draft_base_s=0.0005, forward_base_s=0.016, forward_per_token_s=0.002)
+    other = _law_rows("n", batches=(1,), pps=(1,), ks=(0, 2), base=big)
+    got = evaluate(rows + other, layers={"m": 4, "n": 8})
+    s = _split(got, "fit m -> predict n")
+    assert [g["label"] for g in s["rows"]] == ["n pp1 k=2 b1"] and s["rows"][0]["source"] == ("m", 1, 1)
+    assert s["max_abs_error"] < 1e-9
+    # Without the layer counts the model split cannot carry the drafter over: said, not guessed.
+    s = _split(evaluate(rows + other), "fit m -> predict n")
+    assert not s["rows"] and "layer counts" in s["skipped"][0]["why"]
+
+
+def test_holdout_prediction_can_fail():
+    """A held-out row that does not follow the fitted law (a slower engine, a split batch the schedule does not
+    predict) gets a large error: the prediction is not the measurement read back."""
+    from kit.bench.holdout import evaluate
+
+    rows = _law_rows(batches=(1,), pps=(1,))
+    rows[3]["decode_tok_s"] /= 1.5
+    (g,) = _split(evaluate(rows), "fit k<=2 -> predict k=3")["rows"]
+    assert g["error"] == pytest.approx(0.5)
+    # PP=1 batch 4 whose speculative steps were half full: the schedule says full, so the prediction is 2x.
+    rows = _law_rows(batches=(1, 4), pps=(1,))
+    for r in rows:
+        if r["batch"] == 4 and r["k"]:
+            r["decode_tok_s"] /= 2
+            r["components"]["steps"] *= 2
+    s = _split(evaluate(rows), "fit batch 1 -> predict batch 4")
+    assert all(g["error"] == pytest.approx(1.0) and g["occupancy_measured"] == pytest.approx(0.5) for g in s["rows"])
+    assert s["mean_abs_error"] == pytest.approx(1.0)
+
+
+def test_holdout_never_reads_the_held_out_rows_steps_or_costs():
+    """Changing the held-out row's step count, step period, forward and drafter time leaves its prediction as it was
+    (its measured speed moves, and with it the error); payoff.predict, fitted in place, moves with them."""
+    from kit.bench.holdout import blind, evaluate
+
+    for name, held in (("fit k<=2 -> predict k=3", lambda r: r["k"] == 3),
+                       ("fit batch 1 -> predict batch 4", lambda r: r["batch"] == 4 and r["k"])):
+        rows = _law_rows(batches=(1, 4), pps=(2,))
+        before = [g["predicted"] for g in _split(evaluate(rows), name)["rows"]]
+        in_place = [p["predicted_at_occupancy"] for p in predict(rows) if held(p)]
+        for r in filter(held, rows):
+            r["components"] = {"forward_s": 1.0, "draft_s": 1.0, "period_s": 9.0, "steps": 1}
+            r["decode_tok_s"] *= 0.8
+        s = _split(evaluate(rows), name)
+        assert len(s["rows"]) == len(before) > 0 and [g["predicted"] for g in s["rows"]] == before, name
+        assert all(g["error"] == pytest.approx(0.25) for g in s["rows"]), name
+        # The in-place fit reads those fields: its prediction at the measured occupancy moves.
+        assert all(a != pytest.approx(b) for a, b in zip(in_place, [p["predicted_at_occupancy"] for p in predict(rows)
+                                                                     if held(p)])), name
+    assert set(blind(rows[0])) == {"model", "pp", "batch", "k", "tokens_per_forward"}
+
+
+def test_schedule_occupancy():
+    from kit.bench.holdout import schedule_occupancy
+
+    assert schedule_occupancy(1, 4, 2) == 1.0 and schedule_occupancy(2, 1, 2) == 1.0 and schedule_occupancy(2, 4, 0) == 1.0
+    assert schedule_occupancy(2, 4, 2) == 0.5 and schedule_occupancy(4, 8, 1) == 0.25 and schedule_occupancy(4, 2, 1) == 0.5
+
+
+def test_bench_holdout_prints_and_writes_the_splits(tmp_path, capsys):
+    """``kit bench --from-runs ... --holdout``: a table per split, the summary, and the block under --write."""
+    from kit.cli import main
+
+    lines = []
+    for rep in (1.0, 1.01):
+        for r in _law_rows(batches=(1, 4), pps=(1,)):
+            c = r["components"]
+            lines.append({"model": "m", "trained": True, "topology": f"pp1 {'mtp:%d' % r['k'] if r['k'] else 'none'} "
+                          f"b{r['batch']}", "pp": 1, "spec": f"mtp:{r['k']}" if r["k"] else "none", "k": r["k"],
+                          "batch": r["batch"], "start_s": 1.0, "ttft_s": 0.01, "decode_tok_s": rep * r["decode_tok_s"],
+                          "mean_accept_len": r["tokens_per_forward"] if r["k"] else None,
+                          "tokens_per_target_forward": r["tokens_per_forward"], "peak_rss_mib": {"1": 100},
+                          "components": {**c, "forward_per_stage_s": [c["forward_s"]], "recv_s": 0.0,
+                                        "fixed_s": c["period_s"] - c["forward_s"] - c["draft_s"], "timeline": {}}})
+    runs, out = tmp_path / "runs.jsonl", tmp_path / "out.md"
+    runs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["bench", "--from-runs", str(runs), "--holdout", "--write", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "| fit k<=2 -> predict k=3 | 6 | 2 | 0 % | 0 % | 2 of 2 |" in text
+    assert "**fit batch 1 -> predict batch 4** (5 fit rows):" in text
+    assert "| pp1 mtp:3 b4 | m pp1 b1 | 2.90 | 1.00 (1.00) |" in text
+    written = out.read_text()
+    assert "--holdout" in written and "fit k<=1 -> predict k=2,3" in written
+    assert main(["bench", "--holdout"]) == 2  # no --batch, no --from-runs: one line, bad input

@@ -283,6 +283,11 @@ def register(sub) -> None:
     p.add_argument("--breakdown", action="store_true",
                    help="time every decode step on every rank and print the step costs, predicted against measured "
                         "speed-up and the break-even acceptance rate (kit.bench.payoff; needs --batch)")
+    p.add_argument("--holdout", action="store_true",
+                   help="fit the payoff model on some rows and predict the others (k <= K -> larger k, the smallest "
+                        "batch -> the others, one model -> another), reading only the held-out row's acceptance; "
+                        "prints each split's rows and errors (kit.bench.holdout; needs --batch, or --from-runs of "
+                        "--breakdown runs)")
     p.add_argument("--timeline", action="store_true",
                    help="trace every step on every rank (kit.worker.steptrace) and print where a decode step's time goes: "
                         "the critical path, busy/recv/idle per stage, micro-batches in flight, empty steps, requests "
@@ -305,8 +310,9 @@ def run(args: argparse.Namespace) -> int:
                        ("--save-trace", args.save_trace)):
         if path and (why := check_writable(path)):
             raise TopologyError(why.replace("--write", flag, 1))
-    if args.breakdown and not args.batch and not args.from_runs:
-        raise TopologyError("--breakdown needs --batch (the step model is per batch size), e.g. --batch 1,4")
+    for flag, on in (("--breakdown", args.breakdown), ("--holdout", args.holdout)):
+        if on and not args.batch and not args.from_runs:
+            raise TopologyError(f"{flag} needs --batch (the step model is per batch size), e.g. --batch 1,4")
     if args.timeline and not args.batch and not args.from_runs:
         raise TopologyError("--timeline needs --batch (a timeline per batch size), e.g. --batch 1,4")
     if args.save_trace and not args.timeline:
@@ -332,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         write()
         return rc
     batches = check_counts(args.batch, "--batch") if args.batch else None
-    timing = args.breakdown
+    timing = args.breakdown or args.holdout
     variants = parse_variants(args.variant)
     cases = []
     for pp in ([] if args.only_extras or args.from_runs else check_counts(args.pp, "--pp")):
@@ -413,6 +419,12 @@ def run(args: argparse.Namespace) -> int:
         out += lines
     if args.breakdown:
         lines = breakdown_lines(rows)
+        print("\n".join(lines), flush=True)
+        out += lines
+    if args.holdout:
+        from kit.bench.holdout import holdout_lines
+
+        lines = holdout_lines(rows)
         print("\n".join(lines), flush=True)
         out += lines
     if args.write_json:
