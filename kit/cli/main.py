@@ -115,12 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     args.argv = argv[1:]  # the subcommand's own arguments, as typed (for commands that record their command line)
+    quiet = getattr(args, "quiet", False)
     try:
         if getattr(args, "delegated", False):
             return args.func(args, rest)
         if rest:
             raise TopologyError(f"unrecognized arguments: {' '.join(rest)}")
-        if getattr(args, "quiet", False):
+        if quiet:
             from kit.engine.progress import set_quiet
 
             set_quiet(True)
@@ -131,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # the process trees were ended on the way out (kit.engine.procs teardown)
         print(f"{args.prog}: interrupted (Ctrl-C); the vLLM processes it started are ended", file=sys.stderr)
         return 130
+    finally:
+        if quiet:  # a caller in the same process (a test, a notebook) gets its status lines back
+            from kit.engine.progress import set_quiet
+
+            set_quiet(None)
 
 
 if __name__ == "__main__":
