@@ -24,10 +24,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-from kit.bench.payoff import Costs, fit_costs
-
-# A prediction "agrees" within this relative error, the band the payoff tables use.
-BAND = 0.15
+from kit.bench.payoff import TOLERANCE as BAND
+from kit.bench.payoff import Costs, fit_costs, occupancy
 # The only fields of a held-out row the predictor sees.
 BLIND_FIELDS = ("model", "pp", "batch", "k", "tokens_per_forward")
 
@@ -191,7 +189,8 @@ def evaluate(rows: list[dict], splits: list[Split] | None = None, layers: dict[s
                         "k": r["k"], "tokens_per_forward": r["tokens_per_forward"], "measured": measured,
                         "interval": r.get("interval"), "error": p["predicted"] / measured - 1,
                         # Shown beside the prediction, never an input to it: how full the steps really were.
-                        "occupancy_measured": steps0 / (steps * r["tokens_per_forward"]) if steps0 and steps else None,
+                        "occupancy_measured": occupancy(steps0, steps, r["tokens_per_forward"]) if steps0 and steps
+                        else None,
                         **{key: p[key] for key in ("predicted", "predicted_full", "occupancy", "source")}})
         errs = [abs(g["error"]) for g in got]
         out.append({"name": split.name, "fit": len(fit_rows), "rows": got, "skipped": skipped,

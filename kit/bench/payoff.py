@@ -237,7 +237,11 @@ def occupancy(steps_plain: float, steps_spec: float, tokens_per_forward: float) 
     return steps_plain / (steps_spec * tokens_per_forward)
 
 
-def predict(rows: list[dict], tolerance: float = 0.15) -> list[dict]:
+# A prediction agrees with a measured speed-up within this relative error (the payoff tables' band).
+TOLERANCE = 0.15
+
+
+def predict(rows: list[dict], tolerance: float = TOLERANCE) -> list[dict]:
     """Predicted against measured speed-up for every speculative row.
 
     ``rows``: dicts with ``model``, ``pp``, ``batch``, ``k`` (0 = no speculation), ``decode_tok_s`` (a number: the

@@ -57,12 +57,15 @@ class LocalEngine:
                              logprobs=2 if top2 else None, seed=None if seed is None else seed + i,
                              stop_token_ids=list(stop_token_ids or []))
               for i in range(len(prompts))]
-        before, sched_before = self.counters(), scheduler_counters(self.llm.get_metrics())
+        # One metrics reading before and one after, for both the drafts' and the scheduler's counters.
+        metrics = self.llm.get_metrics()
+        before, sched_before = SpecCounters.from_metrics(metrics), scheduler_counters(metrics)
         t0 = time.monotonic()
         outs = self.llm.generate(prompts, sp, use_tqdm=generation_bar if progress_lines else False)
         secs = time.monotonic() - t0
-        spec = self.counters() - before
-        sched = {k: v - sched_before[k] for k, v in scheduler_counters(self.llm.get_metrics()).items()}
+        metrics = self.llm.get_metrics()
+        spec = SpecCounters.from_metrics(metrics) - before
+        sched = {k: v - sched_before[k] for k, v in scheduler_counters(metrics).items()}
         tops = None
         if top2:
             tops = []

@@ -101,17 +101,13 @@ def _markdown_texts(nb: dict) -> list[str]:
 
 
 def question(nb: dict) -> str:
-    """The notebook's question: the paragraph that starts with "**The question:**", else its first title."""
-    title = ""
+    """The notebook's question: the paragraph that starts with "**The question:**", else its :func:`title`."""
     for cell in nb["cells"]:
-        if cell["cell_type"] != "markdown":
-            continue
-        text = "".join(cell["source"])
-        m = re.search(r"\*\*The question:\*\*\s*(.+?)(?:\n\s*\n|$)", text, re.S)
-        if m:
-            return " ".join(m.group(1).split())
-        title = title or next((ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")), "")
-    return title
+        if cell["cell_type"] == "markdown":
+            m = re.search(r"\*\*The question:\*\*\s*(.+?)(?:\n\s*\n|$)", "".join(cell["source"]), re.S)
+            if m:
+                return " ".join(m.group(1).split())
+    return title(nb)
 
 
 def title(nb: dict) -> str:
@@ -183,13 +179,17 @@ def _inline_md(text: str) -> str:
     return re.sub(r"(?<![\w\\])\*(?!\s)(.+?)(?<!\s)\*", r"<i>\1</i>", s).replace("\\*", "*")
 
 
+def texts(nb: dict) -> dict:
+    """What the index says of a notebook from its text alone (executed or not): question, title, takeaway."""
+    text, stated = takeaway(nb)
+    return {"question": question(nb), "title": title(nb), "takeaway": text, "takeaway_stated": stated}
+
+
 def summarize(executed: Path) -> dict:
     """What the index shows of one executed notebook (no picture: :func:`row` draws it)."""
     nb = json.loads(executed.read_text())
     pm = nb.get("metadata", {}).get("papermill") or {}
-    text, stated = takeaway(nb)
-    return {"question": question(nb), "title": title(nb), "takeaway": text, "takeaway_stated": stated,
-            "claims": claims(nb), "figure": first_figure(nb), "error": failure(nb),
+    return {**texts(nb), "claims": claims(nb), "figure": first_figure(nb), "error": failure(nb),
             "seconds": pm.get("duration"), "started": pm.get("start_time"), "finished": pm.get("end_time")}
 
 
@@ -229,9 +229,7 @@ def row(nb: Path, out: Path, ran: tuple[float, str | None] | None = None) -> dic
                 except thumbnails.ThumbnailError as e:
                     r["thumb_error"] = str(e)
     else:
-        src = json.loads(nb.read_text())
-        text, stated = takeaway(src)
-        r.update(question=question(src), title=title(src), takeaway=text, takeaway_stated=stated)
+        r.update(texts(json.loads(nb.read_text())))
     if ran is not None:
         r["seconds"], r["error"] = ran[0], ran[1] or r["error"]
     return r

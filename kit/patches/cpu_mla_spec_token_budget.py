@@ -22,6 +22,7 @@ updates it. Turn off: ``KIT_PATCHES=all,-cpu_mla_spec_token_budget``.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 from kit.patches import Anchor, Kind, Patch, Proc, Runner, install
@@ -50,6 +51,7 @@ def _needed() -> "bool | str":
 def _wrap(orig):
     func = orig.__func__   # the classmethod's function, re-wrapped as a classmethod below
 
+    @functools.wraps(func)
     def check_and_update_config(cls, vllm_config) -> None:
         sc = vllm_config.scheduler_config
         budget, scheduled = sc.max_num_batched_tokens, sc.max_num_scheduled_tokens
@@ -58,8 +60,6 @@ def _wrap(orig):
                 and sc.max_num_scheduled_tokens is not None and sc.max_num_scheduled_tokens == scheduled == budget):
             sc.max_num_scheduled_tokens = sc.max_num_batched_tokens
 
-    check_and_update_config.__wrapped__ = func
-    check_and_update_config.__doc__ = func.__doc__
     return classmethod(check_and_update_config)
 
 
