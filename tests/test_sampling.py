@@ -130,7 +130,7 @@ def test_sampled_output_distribution_without_the_patch_differs(no_leftovers):
 @pytest.mark.parametrize("pp,spec,model,random_weights", [
     (1, "mtp:3", MODEL, False), (4, "mtp:2", MODEL, False),
     (1, "ngram:2", MODEL, False), (2, "ngram:3", MODEL, False), (4, "ngram:2", MODEL, False),
-    (2, "eagle3:2", "tiny-llama-swa", True), (4, "eagle3:2", "tiny-llama-swa", True),
+    (2, "eagle3:2", "tiny-llama-swa-trained", False), (4, "eagle3:2", "tiny-llama-swa-trained", False),
 ])
 def test_sampled_acceptance_matches_theory_families(pp, spec, model, random_weights, no_leftovers):
     """MTP, n-gram and Eagle3 at PP 1/2/4, temperature 0.8: acceptance per position within 4 sd of theory."""

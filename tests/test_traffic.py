@@ -22,7 +22,7 @@ def test_traffic_prompts_have_exact_lengths_and_shared_prefixes():
 def test_traffic_cells_carry_the_setting_into_their_topology_and_reference():
     cells = [c for c in CELLS if c.traffic]
     assert {c.model for c in cells} >= {"tiny-mimo", "tiny-qwen3_5-trained", "tiny-deepseek-v3-trained",
-                                         "tiny-glm4-moe", "tiny-llama-swa"}
+                                         "tiny-glm4-moe", "tiny-llama-swa-trained"}
     t = cells[0].topology()
     assert t.max_num_seqs == traffic.MAX_NUM_SEQS and t.max_num_batched_tokens == traffic.PREFILL_BUDGET
     assert t.engine_args()["num_gpu_blocks_override"] == traffic.KV_BLOCKS
@@ -33,9 +33,9 @@ def test_traffic_cells_carry_the_setting_into_their_topology_and_reference():
     assert {(c.model, c.spec.split(":")[0], c.pp) for c in cells} == {
         (m, s, pp) for m, s in (("tiny-mimo", "mtp"), ("tiny-qwen3_5-trained", "mtp"), ("tiny-mimo", "ngram"),
                                 ("tiny-deepseek-v3-trained", "mtp"), ("tiny-glm4-moe", "mtp"),
-                                ("tiny-llama-swa", "eagle3")) for pp in (1, 2, 4)}
+                                ("tiny-llama-swa-trained", "eagle3")) for pp in (1, 2, 4)}
     assert sorted(c.id for c in cells if c.fast) == ["tiny-deepseek-v3-trained-trained-pp2-mtp2-seqs3-traffic",
-                                                     "tiny-llama-swa-random-pp2-eagle32-seqs3-traffic"]
+                                                     "tiny-llama-swa-trained-trained-pp2-eagle32-seqs3-traffic"]
 
 
 def test_scheduler_counters_sum_vllms_own_metrics():

@@ -99,12 +99,13 @@ for pp in (2, 4):
     CELLS.append(Cell("tiny-mimo", False, pp, "mtp:2", max_num_seqs=3, fast=(pp == 4)))
 CELLS.append(Cell("tiny-mimo", False, 2, "mtp:2", eager=False))
 CELLS.append(Cell("tiny-mimo", True, 2, "mtp:2", eager=False))
-# The other drafter families that start on CPU, on seeded random weights: PP 2/4 x k 1..3.
+# The other drafter families that start on CPU: PP 2/4 x k 1..3 (DeepSeek-V3 and GLM-4 MoE on seeded random weights,
+# Eagle3 on the trained tiny-llama-swa and its trained drafter, so that drafts are accepted and counted).
 # CI runs GLM-4 MoE at PP=4, where a stage holds dense layers only (patch glm4_moe_dense_stage).
 for pp in (2, 4):
     for k in (1, 2, 3):
         CELLS.append(Cell("tiny-deepseek-v3", True, pp, f"mtp:{k}"))
-        CELLS.append(Cell("tiny-llama-swa", True, pp, f"eagle3:{k}"))
+        CELLS.append(Cell("tiny-llama-swa-trained", False, pp, f"eagle3:{k}"))
         CELLS.append(Cell("tiny-glm4-moe", True, pp, f"mtp:{k}", fast=(pp == 4 and k == 2)))
 CELLS.append(Cell("tiny-deepseek-v3", True, 2, "mtp:2", ref_pp=2))
 # Qwen3.5 (Gated-DeltaNet + full attention hybrid, qwen3_5_mtp drafter), trained (kit/zoo/tiny/qwen3_5.py,
@@ -152,7 +153,7 @@ for pp in (1, 2, 4):
 for pp in (1, 2):
     CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, "mtp:2", max_num_seqs=3, prompts="joining"))
 CELLS.append(Cell("tiny-glm4-moe", True, 2, "mtp:2", max_num_seqs=3, prompts="joining"))
-CELLS.append(Cell("tiny-llama-swa", True, 2, "eagle3:2", max_num_seqs=3, prompts="joining"))
+CELLS.append(Cell("tiny-llama-swa-trained", False, 2, "eagle3:2", max_num_seqs=3, prompts="joining"))
 # Real traffic (kit.checks.traffic): prompt lengths around the draft window and the KV block, chunked prefill, shared
 # prefixes, a stop token, requests joining and leaving, KV pressure; every family at the PP sizes it runs.
 for pp in (1, 2, 4):
@@ -165,7 +166,7 @@ for pp in (1, 2, 4):
     CELLS.append(Cell("tiny-deepseek-v3-trained", False, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True,
                       fast=(pp == 2)))
     CELLS.append(Cell("tiny-glm4-moe", True, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
-    CELLS.append(Cell("tiny-llama-swa", True, pp, "eagle3:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True,
+    CELLS.append(Cell("tiny-llama-swa-trained", False, pp, "eagle3:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True,
                       fast=(pp == 2)))
 
 

@@ -56,8 +56,9 @@ ROWS = [
     Row("tiny-mimo", False, 1, "ngram:2", (0.3, 0.8)),
     Row("tiny-mimo", False, 2, "ngram:2", (0.3, 0.8)),
     Row("tiny-mimo", False, 4, "ngram:2", (0.3,)),
-    Row("tiny-llama-swa", True, 2, "eagle3:2", (0.8,)),
-    Row("tiny-llama-swa", True, 4, "eagle3:2", (0.8,)),
+    # Eagle3 on the trained tiny-llama-swa with its trained drafter
+    Row("tiny-llama-swa-trained", False, 2, "eagle3:2", (0.3, 0.8)),
+    Row("tiny-llama-swa-trained", False, 4, "eagle3:2", (0.8,)),
 ]
 # (row, samples per context): the output distribution against the plain PP=1 engine at temperature 1.
 DIST_ROWS = [(Row("tiny-mimo", False, 2, "mtp:2", (1.0,)), 150), (Row("tiny-mimo", False, 1, "mtp:2", (1.0,), OFF), 150)]

@@ -5,6 +5,7 @@
     kit train tiny-mimo [--out DIR] [--seed N] [--steps N] [--quick] [--threads N]
     kit train tiny-deepseek [--out DIR] [--seed N] [--steps N] [--quick] [--no-q-rope]
     kit train tiny-qwen3_5 [--out DIR] [--seed N] [--steps N] [--quick]
+    kit train tiny-llama-swa [--out DIR] [--seed N] [--steps N] [--quick]   # and its Eagle3 drafter (DIR-eagle3)
     kit train mimo-py-18m --corpus PACK [--out DIR] [--device cpu|cuda] [--steps N] [--quick]
                                          [--shard-mb MB] [--simulate PROMPTS]
     kit tiny parity [--model M] [--prompts FILE ...] [--n N] [--max-tokens 32] [--patches SEL]
@@ -31,7 +32,8 @@ from kit.zoo.tiny import config, trainers
 from kit.zoo.tiny.pycorpus import DEFAULT_PACK, DEFAULT_PACKAGE_CAP
 
 TRAINED = {"tiny-mimo": trainers.TINY_MIMO_DIR, "tiny-deepseek": trainers.TINY_DEEPSEEK_DIR,
-           "tiny-qwen3_5": trainers.TINY_QWEN_DIR, "mimo-py-18m": trainers.MIMO_PY_DIR}
+           "tiny-qwen3_5": trainers.TINY_QWEN_DIR, "tiny-llama-swa": trainers.TINY_LLAMA_DIR,
+           "mimo-py-18m": trainers.MIMO_PY_DIR}
 PROG = "kit.zoo.tiny"
 
 
@@ -52,6 +54,8 @@ def build_parser() -> Parser:
     for name, text in (("tiny-mimo", "tiny-mimo: MiMo + MTP on the standard library, its own BPE tokenizer"),
                        ("tiny-deepseek", "tiny-deepseek-v3-trained: the zoo's DeepSeek-V3 + MTP, trained"),
                        ("tiny-qwen3_5", "tiny-qwen3_5-trained: the zoo's Qwen3.5 Gated-DeltaNet hybrid + MTP, trained"),
+                       ("tiny-llama-swa", "tiny-llama-swa-trained: the zoo's sliding/full Llama and its Eagle3 drafter "
+                                          "(written to OUT-eagle3), trained"),
                        ("mimo-py-18m", "mimo-py-18m: MiMo + MTP, 17.8 M parameters, on the Python-source pack")):
         t = models.add_parser(name, help=text, description=text)
         t.add_argument("--out", default=_rel(TRAINED[name]), help="model directory (relative to the repo)")
@@ -116,6 +120,8 @@ def _train(a, argv: list[str]) -> int:
         tc = config.tiny_deepseek_config(a.quick, a.seed)
     elif a.model == "tiny-qwen3_5":
         tc = config.tiny_qwen3_5_config(a.quick, a.seed)
+    elif a.model == "tiny-llama-swa":
+        tc = config.tiny_llama_swa_config(a.quick, a.seed)
     else:
         tc = config.mimo_py_config(a.quick, a.seed)
     if a.steps is not None:
@@ -126,6 +132,8 @@ def _train(a, argv: list[str]) -> int:
         m = trainers.train_tiny_deepseek(tc, out, command=command, q_rope=a.q_rope)
     elif a.model == "tiny-qwen3_5":
         m = trainers.train_tiny_qwen3_5(tc, out, command=command)
+    elif a.model == "tiny-llama-swa":
+        m = trainers.train_tiny_llama_eagle3(tc, out, command=command)
     else:
         shard = int(a.shard_mb * 2**20) if a.shard_mb else None
         m = trainers.train_mimo_py(tc, Path(a.corpus), out, a.device, shard, command=command,

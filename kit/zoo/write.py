@@ -25,6 +25,8 @@ each recipe). Their logits are far from ties, so a PP + speculation cell diverge
 
 * ``tiny-deepseek-v3-trained`` (``kit train tiny-deepseek``), from ``tiny-deepseek-v3``.
 * ``tiny-qwen3_5-trained`` (``kit train tiny-qwen3_5``), from ``tiny-qwen3_5``.
+* ``tiny-llama-swa-trained`` (``kit train tiny-llama-swa``), from ``tiny-llama-swa``; its trained Eagle3 drafter
+  ``tiny-llama-swa-trained-eagle3`` carries ``tiny-llama-swa-eagle3``'s config and tokenizer.
 
 Usage: ``kit zoo [--out DIR] [--only NAME ...] [--no-tokenizer]``. The configs
 (:mod:`kit.zoo.configs`) and manifests (:mod:`kit.zoo.weights`) are pure functions of those files; the
@@ -68,7 +70,8 @@ TOKENIZER_SOURCES = (
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 # Trained variant -> the zoo model whose config, tokenizer and weights.json it carries unchanged.
-TRAINED = {"tiny-deepseek-v3-trained": "tiny-deepseek-v3", "tiny-qwen3_5-trained": "tiny-qwen3_5"}
+TRAINED = {"tiny-deepseek-v3-trained": "tiny-deepseek-v3", "tiny-qwen3_5-trained": "tiny-qwen3_5",
+           "tiny-llama-swa-trained": "tiny-llama-swa"}
 
 
 # --------------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def merge(model_dir: Path) -> str:
 
 
 def build_model(cfg: dict, **kwargs):
-    """An untrained PyTorch model for a ``config.json`` (MiMo, dense DeepSeek-V3 or Qwen3.5)."""
+    """An untrained PyTorch model for a ``config.json`` (MiMo, dense DeepSeek-V3, Qwen3.5 or Llama with Eagle3)."""
     arch = (cfg.get("architectures") or ["?"])[0]
     if arch == "MiMoForCausalLM":
         from kit.zoo.tiny.config import ModelConfig
@@ -121,8 +121,12 @@ def build_model(cfg: dict, **kwargs):
         from kit.zoo.tiny.qwen3_5 import TinyQwen3_5
 
         return TinyQwen3_5(Qwen35Config.from_hf(cfg))
+    if arch == "LlamaForCausalLM":
+        from kit.zoo.tiny.llama_eagle3 import LlamaSWAConfig, TinyLlamaEagle3
+
+        return TinyLlamaEagle3(LlamaSWAConfig.from_hf(cfg))
     raise ValueError(f"no PyTorch model for architecture {arch!r} "
-                     "(MiMoForCausalLM, DeepseekV3ForCausalLM, Qwen3_5ForCausalLM)")
+                     "(MiMoForCausalLM, DeepseekV3ForCausalLM, Qwen3_5ForCausalLM, LlamaForCausalLM)")
 
 
 def load_model(model_dir: Path | str):

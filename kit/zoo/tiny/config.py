@@ -13,7 +13,7 @@ from kit.core.models import MODELS_DIR, PROMPTS_DIR, REPO_ROOT
 
 __all__ = ["REPO_ROOT", "MODELS_DIR", "PROMPTS_DIR", "BOS", "EOS", "PAD", "SPECIAL_TOKENS", "BOS_ID", "EOS_ID",
            "PAD_ID", "ModelConfig", "DSConfig", "Qwen35Config", "TrainConfig", "hf_config",
-           "tiny_mimo_config", "tiny_deepseek_config", "tiny_qwen3_5_config", "MIMO_PY_PRESET", "mimo_py_config"]
+           "tiny_mimo_config", "tiny_deepseek_config", "tiny_qwen3_5_config", "tiny_llama_swa_config", "MIMO_PY_PRESET", "mimo_py_config"]
 
 # tiny-mimo's tokenizer (mimo-py-18m copies it): ids 0, 1, 2.
 BOS = "<|bos|>"
@@ -198,6 +198,16 @@ def tiny_qwen3_5_config(quick: bool = False, seed: int = 0) -> TrainConfig:
                            max_corpus_files=8, eval_batches=1, model=Qwen35Config())
     return TrainConfig(seed=seed, steps=600, batch_size=8, seq_len=256, warmup_steps=50, distill_weight=1.0,
                        log_every=10, eval_batches=8, model=Qwen35Config())
+
+
+def tiny_llama_swa_config(quick: bool = False, seed: int = 0) -> TrainConfig:
+    """``tiny-llama-swa-trained`` and its Eagle3 drafter (the architecture is read from the zoo's ``config.json``
+    files at training): tiny-qwen3_5's recipe with 700 steps, the drafter's distillation term included."""
+    if quick:
+        return TrainConfig(seed=seed, steps=3, batch_size=2, seq_len=32, warmup_steps=1, log_every=1,
+                           max_corpus_files=8, eval_batches=1, distill_weight=1.0)
+    return TrainConfig(seed=seed, steps=700, batch_size=8, seq_len=256, warmup_steps=50, distill_weight=1.0,
+                       log_every=10, eval_batches=8)
 
 
 MIMO_PY_PRESET = ModelConfig(vocab_size=2048, hidden_size=384, intermediate_size=1024, num_hidden_layers=8,

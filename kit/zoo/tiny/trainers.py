@@ -1,4 +1,4 @@
-"""The four shipped trainers, each a corpus, a tokenizer, a model and :func:`kit.zoo.tiny.train.fit`:
+"""The five shipped trainers, each a corpus, a tokenizer, a model and :func:`kit.zoo.tiny.train.fit`:
 
 - ``tiny-mimo`` (:func:`train_tiny_mimo`): a byte-level BPE trained here on the standard-library corpus
   (:mod:`kit.zoo.tiny.corpus`), :class:`~kit.zoo.tiny.mimo.TinyMiMo` at the default :class:`~kit.zoo.tiny.config.ModelConfig`.
@@ -9,6 +9,9 @@
 - ``tiny-qwen3_5-trained`` (:func:`train_tiny_qwen3_5`): the zoo's ``tiny-qwen3_5`` (Gated-DeltaNet hybrid) the
   same way, :class:`~kit.zoo.tiny.qwen3_5.TinyQwen3_5` (transformers' target plus the ``mtp.*`` drafter), stored in
   bfloat16 as vLLM's CPU Gated-DeltaNet kernel requires, and evaluated as stored.
+- ``tiny-llama-swa-trained`` (:func:`train_tiny_llama_eagle3`): the zoo's ``tiny-llama-swa`` (sliding and full
+  attention layers) and its Eagle3 drafter ``tiny-llama-swa-eagle3``, trained jointly the same way
+  (:class:`~kit.zoo.tiny.llama_eagle3.TinyLlamaEagle3`); the drafter goes to ``tiny-llama-swa-trained-eagle3``.
 - ``mimo-py-18m`` (:func:`train_mimo_py`): the MiMo layout at :data:`~kit.zoo.tiny.config.MIMO_PY_PRESET` (17.8 M
   parameters: large enough that the forward, not vLLM's fixed per-step cost, dominates a decode step) on the
   Python-source pack of :mod:`kit.zoo.tiny.pycorpus`, with ``tiny-mimo``'s tokenizer copied unchanged. On a GPU
@@ -33,6 +36,9 @@ TINY_DEEPSEEK_DIR = MODELS_DIR / "tiny-deepseek-v3-trained"
 ZOO_QWEN_DIR = MODELS_DIR / "tiny-qwen3_5"
 TINY_QWEN_DIR = MODELS_DIR / "tiny-qwen3_5-trained"
 MIMO_PY_DIR = MODELS_DIR / "mimo-py-18m"
+ZOO_LLAMA_DIR = MODELS_DIR / "tiny-llama-swa"
+ZOO_EAGLE3_DIR = MODELS_DIR / "tiny-llama-swa-eagle3"
+TINY_LLAMA_DIR = MODELS_DIR / "tiny-llama-swa-trained"
 # Copied unchanged from the zoo model a trained one is based on (the config and tokenizer stay the zoo's).
 DEEPSEEK_COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                          "special_tokens_map.json", "weights.json")
@@ -98,10 +104,11 @@ def train_tiny_mimo(tc: TrainConfig, out: Path, command: str | None = None, log=
 
 
 def _train_zoo(tc: TrainConfig, out: Path, zoo_dir: Path, arch_cls, make_model, command: str | None, log,
-               extra: dict, store_dtype=None) -> dict:
+               extra: dict, store_dtype=None, also_save=None) -> dict:
     """A zoo model (config, tokenizer and ``weights.json`` copied unchanged) trained on the standard-library
     corpus, documents joined as ``doc <|endoftext|>``. ``store_dtype``: store the weights in it and evaluate
-    what is stored (rounded back to float32)."""
+    what is stored (rounded back to float32). ``also_save(model)``: writes what else the model holds (a separate
+    drafter checkpoint) and returns manifest entries."""
     import torch
 
     from kit.zoo.tiny.checkpoint import copy_files, save_checkpoint
@@ -131,6 +138,8 @@ def _train_zoo(tc: TrainConfig, out: Path, zoo_dir: Path, arch_cls, make_model, 
     ev = evaluate(model, streams["val"], tc)
     log("eval: " + json.dumps(ev))
     sha = save_checkpoint(sd, out, weights_json=False)  # weights.json: the zoo's
+    if also_save is not None:
+        extra = {**extra, **also_save(model)}
     manifest = {
         "name": out.name, "command": command,
         "based_on": f"data/models/{zoo_dir.name} (config.json, tokenizer and weights.json copied unchanged)",
@@ -165,6 +174,38 @@ def train_tiny_qwen3_5(tc: TrainConfig, out: Path, zoo_dir: Path = ZOO_QWEN_DIR,
 
     return _train_zoo(tc, out, zoo_dir, Qwen35Config, TinyQwen3_5, command, log,
                       {"storage_dtype": "bfloat16", "compute": "float32"}, store_dtype=torch.bfloat16)
+
+
+def train_tiny_llama_eagle3(tc: TrainConfig, out: Path, draft_out: Path | None = None, zoo_dir: Path = ZOO_LLAMA_DIR,
+                           zoo_draft_dir: Path = ZOO_EAGLE3_DIR, command: str | None = None, log=print) -> dict:
+    """The zoo's Llama with sliding/full layers and its Eagle3 drafter (configs and tokenizer copied unchanged),
+    trained jointly on the standard-library corpus: the target's next-token loss, the drafter's first draft (aux
+    states at t and token t+1 predict t+2) and its chained second draft. The target goes to ``out`` (with a
+    ``kit.json`` naming the drafter), the drafter to ``draft_out``."""
+    from kit.zoo.tiny.checkpoint import copy_files, save_checkpoint
+    from kit.zoo.tiny.llama_eagle3 import LlamaSWAConfig, TinyLlamaEagle3
+
+    out = Path(out)
+    draft_out = Path(draft_out) if draft_out is not None else out.parent / f"{out.name}-eagle3"
+    draft_cfg = json.loads((zoo_draft_dir / "config.json").read_text())
+
+    class _Arch:
+        @staticmethod
+        def from_hf(c: dict) -> LlamaSWAConfig:
+            return LlamaSWAConfig.from_hf(c, draft_cfg)
+
+    def save_drafter(model) -> dict:
+        copy_files(zoo_draft_dir, draft_out, [f for f in DEEPSEEK_COPIED_FILES if f != "weights.json"])
+        # weights.json written from the checkpoint: the zoo's lacks the embedding copy (kit.zoo.tiny.llama_eagle3)
+        dsha = save_checkpoint(model.drafter_state_dict(), draft_out)
+        (out / "kit.json").write_text(json.dumps({"draft_model": f"../{draft_out.name}"}, indent=2) + "\n")
+        (draft_out / "manifest.json").write_text(json.dumps(
+            {"name": draft_out.name, "command": command, "trained_with": out.name,
+             "based_on": f"data/models/{zoo_draft_dir.name} (config.json and tokenizer copied unchanged)",
+             "model_safetensors_sha256": dsha}, indent=2) + "\n")
+        return {"drafter": {"dir": draft_out.name, "model_safetensors_sha256": dsha}}
+
+    return _train_zoo(tc, out, zoo_dir, _Arch, TinyLlamaEagle3, command, log, {}, also_save=save_drafter)
 
 
 def _device_info(device: str) -> dict:
