@@ -25,14 +25,16 @@
 # fails later, at KV cache setup (`The KV cache specs for the same layer are different across workers`). Saying
 # that the per-rank count "corrupts `layer_types` indexing" is loose: the index stays right, the name does not.
 #
-# The target here, `tiny-llama-swa`, has 4 layers with `layer_types` alternating sliding / full; its Eagle3 draft
-# has one sliding layer and reads the target's hidden states after layers 1, 2 and 3 (`eagle_aux_hidden_state_layer_ids`).
+# The target here, `tiny-llama-swa-trained` (the zoo's `tiny-llama-swa` with trained weights), has 4 layers with
+# `layer_types` alternating sliding / full; its trained Eagle3 draft has one sliding layer and reads the target's
+# hidden states after layers 1, 2 and 3 (`eagle_aux_hidden_state_layer_ids`). Trained, the draft's tokens are
+# accepted often, so the run below shows drafts at work, not only that the engine starts.
 #
 # Words used here (Eagle3, stage and rank, KV cache, ...) are defined in the
 # [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
 
 # %% tags=["parameters"]
-MODEL = "tiny-llama-swa"
+MODEL = "tiny-llama-swa-trained"
 PP = 2
 SPEC = "eagle3:2"
 NUM_PROMPTS = 4
@@ -142,7 +144,7 @@ claim([n for n, r in answer.items() if r["clash"]] == [6], "at PP=2 only the 6-l
 
 # %%
 from kit import engine
-topo = Topology(model=MODEL, random_weights=True, pp=PP, spec=SPEC)
+topo = Topology(model=MODEL, pp=PP, spec=SPEC)
 prompts = kit.checks.compare.load_prompts(limit=NUM_PROMPTS)
 # One engine: read the layers from every worker, then generate with it.
 res = engine.run(topo, [{"kind": "rpc", "method": "kit_eagle3_layers"},
@@ -190,6 +192,9 @@ claim(all(bool(v["sliding_window"]) == want_sliding for v in draft_layers.values
       f"the draft layer is {'sliding-window' if want_sliding else 'full'} attention, as its layer_types[0] says", draft_layers)
 ref = engine.generate(topo.reference(), prompts, max_tokens=MAX_TOKENS)
 claim(fixed_tokens == ref.token_ids, f"Eagle3 at PP={PP} gives the reference's tokens; drafts: {fixed_spec}")
+claim(fixed_spec["num_accepted_tokens"] > 0.25 * fixed_spec["num_draft_tokens"],
+      f"the trained draft's tokens are accepted: {fixed_spec['num_accepted_tokens']} of {fixed_spec['num_draft_tokens']}",
+      fixed_spec)
 
 # %% [markdown]
 # ## The old behaviour: the per-rank count, where the picture predicts a clash
@@ -249,7 +254,7 @@ idx = int(predicted["draft"].split(".")[2])
 target_kind, draft_kind = t.config["layer_types"][idx], d.config["layer_types"][0]
 print(f"PP={NO_CLASH_PP}: the draft layer would be {predicted['draft']} on rank {predicted['pp_rank']}; target layer {idx} "
       f"lives on rank {predicted['elsewhere']} ({target_kind}), the draft layer is {draft_kind}")
-topo_nc = Topology(model=MODEL, random_weights=True, pp=NO_CLASH_PP, spec=SPEC)
+topo_nc = Topology(model=MODEL, pp=NO_CLASH_PP, spec=SPEC)
 nc_err = None
 try:
     res_nc = engine.run(topo_nc, [{"kind": "rpc", "method": "kit_eagle3_layers"}], env={"KIT_PATCHES": LEGACY_PATCHES})

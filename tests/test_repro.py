@@ -26,6 +26,8 @@ def test_every_reproducer_has_its_report_and_its_patch():
     for n in repro.names():
         assert n in known, f"docs/upstream/{n}_repro.py names no kit patch"
         assert repro.title(n), f"docs/upstream/{n}.md is missing or has no title"
+        for other in repro.also_off(n):
+            assert other in known and other != n, f"docs/upstream/{n}_repro.py: also off names {other!r}"
     out = _kit("--list")
     assert out.returncode == 0 and len(out.stdout.splitlines()) == len(repro.names())
 

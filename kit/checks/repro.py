@@ -4,7 +4,7 @@ The reproducers are the ones written for upstream, ``docs/upstream/<patch>_repro
 vLLM and a model shipped in ``data/models/``, and exit 1 when the defect shows, 0 when it does not. ``kit repro
 NAME`` runs one twice, with that one patch off (``KIT_PATCHES=all,-NAME``: vLLM as shipped for the code it fixes,
 while the kit's other fixes keep defects met on the way out of the picture, e.g. Qwen3.5's import without
-torchvision) and with every kit patch on, under the kit's process guard (nothing outlives the run), and exits 0 only
+torchvision; a script that needs more patches off names them on a ``# kit repro also off:`` line) and with every kit patch on, under the kit's process guard (nothing outlives the run), and exits 0 only
 when the defect shows off and is gone on. ``--stock`` runs the first one with ``KIT_PATCHES=none`` instead. ``kit repro --list`` lists the reproducers and their reports.
 """
 from __future__ import annotations
@@ -19,6 +19,10 @@ from kit.core.models import REPO_ROOT
 
 UPSTREAM = REPO_ROOT / "docs" / "upstream"
 SUFFIX = "_repro.py"
+# A reproducer whose defect another kit patch hides or refuses to reach names those patches on one line of its own:
+# ``# kit repro also off: PATCH, PATCH`` (e.g. decode_side_pp_spec_rule refuses PP + drafts unless every PP + spec
+# correctness patch is on). They are turned off with NAME in the defect run, and the report says so.
+ALSO_OFF = "# kit repro also off:"
 TIMEOUT_S = 900
 TAIL_LINES = 6
 # How a reproducer is started: vLLM's general plugins loaded first, as vLLM loads them in every process it starts,
@@ -45,6 +49,19 @@ class Outcome:
 def names() -> list[str]:
     """Every reproducer's name (its patch's name), sorted."""
     return sorted(p.name[: -len(SUFFIX)] for p in UPSTREAM.glob(f"*{SUFFIX}"))
+
+
+def also_off(name: str) -> list[str]:
+    """The other kit patches the reproducer of ``name`` needs off to reach its defect (``ALSO_OFF`` line)."""
+    for line in (UPSTREAM / f"{name}{SUFFIX}").read_text().splitlines():
+        if line.startswith(ALSO_OFF):
+            return [p.strip() for p in line[len(ALSO_OFF):].split(",") if p.strip()]
+    return []
+
+
+def off_selection(name: str) -> str:
+    """``KIT_PATCHES`` for the defect run: every kit patch but ``name`` (and its :func:`also_off` patches)."""
+    return ",".join(["all", f"-{name}", *(f"-{p}" for p in also_off(name))])
 
 
 def title(name: str) -> str:
@@ -121,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for n in wanted:
         print(f"{n}: {title(n)}", flush=True)
-        off = run_one(n, "none" if args.stock else f"all,-{n}", args.timeout)
+        off = run_one(n, "none" if args.stock else off_selection(n), args.timeout)
         _print(n, off)
         on = run_one(n, "all", args.timeout)
         _print(n, on)
