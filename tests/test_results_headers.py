@@ -79,7 +79,6 @@ REMEASURE: dict[tuple[str, str], str] = {
     ("matrix.md", "Full matrix"): "kit matrix --write docs/results/matrix.md",
     ("matrix.md", "Drafter families at PP 2/4 x k 1..3"):
         "kit matrix --match tiny-deepseek-v3 --write docs/results/matrix.md; "
-        "kit matrix --match tiny-llama-swa --write docs/results/matrix.md; "
         "kit matrix --match tiny-glm4-moe --write docs/results/matrix.md",
     ("matrix.md", "Trained DeepSeek-V3 at PP 1/2/4 x MTP k 1..3"):
         "kit matrix --match deepseek-v3-trained --write docs/results/matrix.md",
