@@ -22,15 +22,18 @@
 # (`kit bench --breakdown`: the worker's step, the target forward per stage, the drafter's proposal), fitted per
 # (model, PP size, batch).
 #
-# Two models of the same layout (MiMo, one MTP layer): `tiny-mimo` (1.6 M parameters) and `mimo-py-18m` (17.8 M
-# parameters trained on Python source). How much of a step each one's target forward takes is measured below; every
-# number and direction this notebook states about the measured rows is formatted from them (`kit.lab.payoff_text`).
+# Two models of the same layout (MiMo, one MTP layer): `tiny-mimo` and the larger `mimo-py-18m`, trained on Python
+# source (their shapes are printed below). How much of a step each one's target forward takes is measured below;
+# every number and direction this notebook states about the measured rows is formatted from them
+# (`kit.lab.payoff_text`), and the model is then tested on rows it was not fitted on (`kit.bench.holdout`).
 #
 # Words used here (verify round, acceptance rate, occupancy, ...) are defined in the
 # [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
 
 # %% tags=["parameters"]
 MEASURED_JSON = "../docs/results/bench.json"   # written by the full `kit bench ... --breakdown --write-json`
+RUNS = "../docs/results/bench-runs-grid.jsonl"  # the same grid's engine runs (`--save-runs`), for the held-out fits
+TRACE = "../docs/results/timeline-trace.jsonl.gz"  # `kit bench --timeline --save-trace`: every decode step, every rank
 LIVE_MODEL = "mimo-py-18m"
 LIVE_PP = 1
 LIVE_SPECS = ["none", "mtp:2"]
@@ -51,7 +54,7 @@ from IPython.display import Markdown
 
 import kit
 import kit.lab.notebook
-from kit.bench import payoff
+from kit.bench import holdout, payoff
 from kit.lab import payoff_plots, payoff_text
 from kit.lab.notebook import claim
 kit.lab.notebook.setup(timed_claims=TIMED_CLAIMS)
@@ -92,6 +95,7 @@ prows = [{"model": r["model"], "pp": r["pp"], "batch": r["batch"], "k": r["k"],
 costs = payoff.costs_by_group(prows)
 preds = payoff.predict(prows, tolerance=BAND)
 display(Markdown(payoff_text.coverage(rows)))
+display(Markdown(payoff_text.model_shapes(list(dict.fromkeys(r["model"] for r in rows)))))
 table = pd.DataFrame([{"model": p["model"], "PP": p["pp"], "batch": p["batch"], "k": p["k"],
                        "mean accept len": round(p["tokens_per_forward"], 2), "a": round(p["acceptance"], 3),
                        "measured": round(p["measured"], 2), "predicted": round(p["predicted"], 2),
@@ -120,7 +124,8 @@ display(Markdown(payoff_text.forward_share(costs)))
 # Predicted speed-up over the per-position acceptance rate a (x) and k (y), one panel per model (rows) and PP size
 # and batch (columns), coloured on a log scale centred at 1.0x: white is break-even, blue pays, red loses (0.5x is as
 # deep a red as 2x is a blue). The black line is the break-even a* (no point where even a = 1 loses); the gold
-# markers are the measured rows at their measured acceptance, labelled measured / predicted.
+# markers are the measured rows at their measured acceptance, labelled measured / predicted by the fit of their own
+# group (the in-place fit: a consistency check; the held-out predictions follow further down).
 
 # %%
 batch1 = {key: c for key, c in costs.items() if key[2] == 1}
@@ -138,25 +143,94 @@ if batch4:
 # %%
 display(Markdown(payoff_text.break_even(costs, preds)))
 
+# %% [markdown]
+# **A consistency check, not a prediction:** the costs of each (model, PP, batch) are fitted on the very rows they
+# are compared with, and the "prediction at occupancy" reads each row's own step count. That the fit reproduces its
+# rows says the cost model's shape is right; it cannot fail by much, so it is no evidence that the model predicts.
+# At batch 1 every step carries the one request, as the model assumes; at batch 4 a step carries fewer whenever a
+# group's requests finish at different steps or (PP=2) the scheduling gate keeps some out of a step. The row's
+# occupancy (plain steps / (speculative steps x mean acceptance length), 1 = full) measures that.
+
 # %%
-# Batch 1: every step carries the one request, as the model assumes. At batch 4 a step carries fewer requests
-# whenever a group's requests finish at different steps or (PP=2) the scheduling gate keeps some out of a step;
-# the full-step prediction then overestimates. The row's occupancy (plain steps / (speculative steps x mean
-# acceptance length), 1 = full) measures that, and the prediction at the measured occupancy is claimed for every row.
+display(Markdown(payoff_text.in_place_summary(preds, BAND)))
 b1 = [p for p in preds if p["batch"] == 1]
 claim(len(b1) > 0 and all(p["agrees"] for p in b1),
-      f"batch 1: every measured speed-up lies within ±{BAND:.0%} of the model's full-step prediction",
-      [(p["model"], p["pp"], p["k"], round(p["error"], 3)) for p in b1 if not p["agrees"]])
+      f"consistency check (in-place fit), batch 1: every measured speed-up lies within ±{BAND:.0%} of its group's "
+      "full-step fit", [(p["model"], p["pp"], p["k"], round(p["error"], 3)) for p in b1 if not p["agrees"]])
 print("outside the band at full steps:", [(p["model"], p["pp"], p["batch"], p["k"], f"{p['error']:+.0%}", f"occupancy {p['occupancy']:.2f}")
                                           for p in preds if not p["agrees"]])
 claim(all(p["agrees_at_occupancy"] for p in preds),
-      f"every row, batch 1 and 4: the measured speed-up lies within ±{BAND:.0%} of the prediction at its measured occupancy",
+      f"consistency check (in-place fit), every row: the measured speed-up lies within ±{BAND:.0%} of the fit at its "
+      "measured occupancy",
       [(p["model"], p["pp"], p["batch"], p["k"], round(p["error_at_occupancy"], 3)) for p in preds if not p["agrees_at_occupancy"]])
 by = {(p["model"], p["pp"], p["batch"], p["k"]): p for p in preds}
 m18 = [by[key] for key in by if key[0] == "mimo-py-18m" and key[3] == 2]
 claim(bool(m18) and all(p["measured"] > 1.0 for p in m18),
       "mimo-py-18m: MTP k=2 decodes faster than no speculation at every measured PP size and batch",
       [(p["pp"], p["batch"], round(p["measured"], 2)) for p in m18])
+
+# %% [markdown]
+# ## Held out: predictions that can fail
+# `kit.bench.holdout` fits the step costs on some of the recorded rows and predicts the others' speed-up over no
+# speculation. Of a held-out row it reads only the model, PP size, batch, k and the measured mean acceptance length
+# (acceptance is the input a user sets; speed is what is predicted), never its step times, step count or speed; the
+# occupancy of its speculative steps is predicted from the schedule (1 at PP=1, at batch 1 or without drafts,
+# 1/min(PP, batch) under PP with the scheduling gate), the measured one is shown beside it, not used. The splits:
+# fit the smaller k and predict the larger (each row's own group), fit batch 1 and predict batch 4 (costs carried
+# over from the same model), fit one model and predict the other (carried over at the same PP and batch). The rows
+# are the same grid's engine runs (`RUNS`, what `kit bench --from-runs RUNS --holdout` reads), merged here.
+#
+# **Predict, then run:** which kind of split will the model find hardest, and can it get a row's "pays or loses"
+# wrong?
+#
+# <details><summary>Answer</summary>
+#
+# Carrying the costs from one model to the other: the two models spend different shares of a step in the target
+# forward, and the transfer rules (forward, drafter and fixed cost scaled through the target's own plain step) are
+# themselves guesses. A wrong side of break-even needs a row near 1.0x whose occupancy the schedule's rule misses:
+# the rule knows only "full" or "1/PP", and a batch that never split or a tail of requests finishing at different
+# steps lies between. The cell below counts both.
+# </details>
+
+# %%
+from kit.bench.table import aggregate, load_runs
+
+runs = load_runs(RUNS)
+hrows = payoff_text.holdout_inputs(aggregate(runs))
+held = holdout.evaluate(hrows, layers=holdout.model_layers({r["model"] for r in hrows}))
+print(f"{len(runs)} engine runs from {RUNS}: {len(hrows)} rows; splits: " + "; ".join(
+    f"{s['name']} ({s['fit']} fit, {len(s['rows'])} held out)" for s in held))
+display(pd.DataFrame(payoff_text.holdout_table(held, BAND)))
+
+# %%
+payoff_plots.holdout_figure(held, BAND).show()
+display(Markdown(payoff_text.holdout_summary(held, BAND)))
+
+# %% [markdown]
+# **What it shows:** markers on the diagonal are exact, between the dashed lines within the band; a marker in the
+# lower right or upper left quadrant of the dotted lines says "loses" where speculation paid, or the reverse. The
+# horizontal bars are the measured speed-up's bootstrap 95 % interval over the row's engines; where one reaches
+# beyond the band (the "Noise" line above counts them), a miss smaller than the interval may be the measurement's
+# noise rather than the model's error.
+
+# %%
+flat = [(s["name"], g) for s in held for g in s["rows"]]
+inside = [g for _, g in flat if abs(g["error"]) <= BAND]
+claim(len(flat) > 0 and len(inside) > len(flat) / 2,
+      f"held out: {len(inside)} of {len(flat)} predictions lie within ±{BAND:.0%} of the measured speed-up (more than "
+      "half)", [(n, g["label"], round(g["error"], 3)) for n, g in flat if abs(g["error"]) > BAND])
+worst_split = max((s for s in held if s["rows"]), key=lambda s: s["mean_abs_error"])
+model_splits = [sp.name for sp in holdout.splits_for(hrows) if sp.source == "model"]
+claim(worst_split["name"] in model_splits,
+      f"held out: the split with the largest mean error carries the costs across models ({worst_split['name']}, "
+      f"{worst_split['mean_abs_error']:.0%})", [(s["name"], round(s["mean_abs_error"], 3)) for s in held if s["rows"]])
+wrong = payoff_text.wrong_side(held)
+missed_occupancy = [g["occupancy_measured"] is not None and abs(g["occupancy_measured"] - g["occupancy"]) > 0.1
+                    for _, g in wrong]
+claim(all(missed_occupancy),
+      f"held out: every prediction on the wrong side of break-even ({len(wrong)} of {len(flat)}) is a row whose "
+      "measured occupancy lies more than 0.1 from the schedule's",
+      [(n, g["label"], g["occupancy"], g["occupancy_measured"]) for n, g in wrong])
 
 # %% [markdown]
 # ## Slide it
@@ -175,21 +249,26 @@ sliders = payoff_plots.slider(costs, a=0.8, k=2)
 #
 # A k at least as large at a = 0.9 as at a = 0.5: the i-th draft adds a^i tokens per step but costs the same forward
 # and drafter time whatever a is, so the extra drafts stop paying sooner when acceptance is low. The cell finds the
-# best k from 1 to 6 for every measured (model, PP, batch); a best k at 6, the top of that range, means only that no
-# k up to 6 beats it (a larger one might).
+# best k over `K_SEARCH` for every measured (model, PP, batch), wide enough that the best k lies inside it (a best k
+# at the top of the range would mean only that no smaller k beats it, and is shown as such); the costs were fitted
+# on the measured k only, so a best k beyond them is the fit's extrapolation.
 # </details>
 
 # %%
-K_SEARCH = range(1, 7)
+K_SEARCH = range(1, 17)
 best = {key: {a: max(K_SEARCH, key=lambda k: c.speedup(a, k)) for a in (0.5, 0.9)} for key, c in costs.items()}
 display(pd.DataFrame([{"model": m, "PP": pp, "batch": b,
                        **{f"best k at a={a}": payoff_plots.best_k_text(v[a], K_SEARCH) for a in (0.5, 0.9)},
                        "speed-up there (a=0.9)": round(costs[(m, pp, b)].speedup(0.9, v[0.9]), 2)}
                       for (m, pp, b), v in best.items()]))
-display(Markdown(payoff_text.best_k_top(best, K_SEARCH)))
+display(Markdown(payoff_text.best_k_interior(best, K_SEARCH, [p["k"] for p in preds])))
 claim(all(v[0.9] >= v[0.5] for v in best.values()),
       "for every measured (model, PP, batch) the best k at a = 0.9 is at least the best k at a = 0.5",
       {str(key): v for key, v in best.items() if v[0.9] < v[0.5]})
+claim(all(max(K_SEARCH) not in v.values() for v in best.values()),
+      f"the best k of every measured (model, PP, batch) at a = 0.5 and 0.9 lies inside the range searched "
+      f"(below k = {max(K_SEARCH)}): a maximum, not the edge of the search",
+      {str(key): v for key, v in best.items() if max(K_SEARCH) in v.values()})
 
 # %% [markdown]
 # ## A small live run
@@ -269,3 +348,53 @@ payoff_plots.bars_figure(costs, payoff.acceptance_for_length(live[-1]["tokens_pe
 
 # %%
 display(Markdown(payoff_text.pp_compare(rows, costs, preds)))
+
+# %% [markdown]
+# ## Where a PP=2 step's time goes
+# The bench timeline (`kit bench --timeline`, `docs/results/payoff.md` gives its commands) traced every decode step
+# on every rank of one engine per row: each stage's forward, its wait for the previous stage's hidden states, the last
+# stage's sampling and drafting. The runs with the default patches of their date are drawn; they predate the kit's
+# `pp_microbatches` schedule (notebook 01 draws the pipeline with and without it), as do the recorded rows above.
+#
+# **Predict, then look:** with the two stages on the machine's two cores, how much of a decode step does each stage
+# compute, and does rank 0 ever start the next step while the last rank still works on this one?
+#
+# <details><summary>Answer</summary>
+#
+# Less than half of each step, and never: each step crosses the stages one after the other (rank 0's forward, the
+# hand-off, the last rank's forward, sampling and drafting, back through the engine core), and the next step
+# starts only after the previous one came back, so each stage waits for the other. The figure gives the shares.
+# </details>
+
+# %%
+from kit.worker import steptrace
+
+traced = [t for t in steptrace.load_traces(TRACE) if not t.get("env")]
+stage_runs = {f"{t['model']} {t['topology']}": steptrace.summary(t["events"]) for t in traced}
+timeline_runs = [r for r in load_runs(str(Path(TRACE).with_name("timeline-runs.jsonl"))) if not r.get("env")]
+print(f"{len(traced)} traced engine runs from {TRACE}, started {min(r['started_at'] for r in timeline_runs)} to "
+      f"{max(r['started_at'] for r in timeline_runs)}")
+payoff_plots.stage_figure(stage_runs, title="Where a PP=2 decode step's time goes, per stage (bench timeline)").show()
+display(Markdown(payoff_text.timeline_summary(stage_runs)))
+
+# %%
+shares = {(label, s["rank"]): s["busy"] / t["period"] for label, t in stage_runs.items() for s in t["stages"]}
+claim(bool(stage_runs) and all(t["in_flight"]["overlap_steps"] == 0 for t in stage_runs.values()),
+      f"bench timeline: in none of the {len(stage_runs)} traced PP=2 runs did a decode step start on rank 0 while the "
+      "previous one still ran on the last rank (no two micro-batches in flight)",
+      {label: t["in_flight"]["overlap_steps"] for label, t in stage_runs.items() if t["in_flight"]["overlap_steps"]})
+claim(bool(shares) and max(shares.values()) < 0.5,
+      f"bench timeline: every stage computes less than half of each decode step (busy {min(shares.values()):.0%} to "
+      f"{max(shares.values()):.0%} of the step period)", {str(k): round(v, 3) for k, v in shares.items() if v >= 0.5})
+
+# %% [markdown]
+# **What it shows:** each bar is one stage's mean decode step: blue while it computes, orange while it waits inside
+# its forward for the previous stage's hidden states, grey while it has nothing to do. The two stages take turns
+# rather than working at once, so a PP=2 step pays every stage's forward and the hand-off in series. What drafts add
+# per step, and how many requests a step carried, from the same traces:
+
+# %%
+display(Markdown(payoff_text.timeline_findings(traced, stage_runs)))
+
+# %%
+display(Markdown(payoff_text.takeaway(preds, held, BAND)))

@@ -1,6 +1,8 @@
 """Figures and the slider of notebook 05 (does speculation pay?): the predicted speed-up over acceptance rate and
-k for each (model, PP) with the measured points and the break-even line, the best k of a range, and a slider that
-redraws the prediction (its default state drawn as a plain output first, for the HTML report).
+k for each (model, PP) with the measured points and the break-even line, the best k of a range, a slider that
+redraws the prediction (its default state drawn as a plain output first, for the HTML report), the held-out
+predictions against the measurements (:mod:`kit.bench.holdout`) and each PP stage's busy / waiting / idle time per
+decode step from the bench timeline (:func:`kit.worker.steptrace.summary`).
 
 Plotly figures built from :class:`kit.bench.payoff.Costs`; nothing here measures.
 """
@@ -148,3 +150,70 @@ def slider(costs: dict[tuple, Costs], a: float = 0.8, k: int = 2):
                            a=w.FloatSlider(value=a, min=0.0, max=1.0, step=0.01, description="acceptance a",
                                            continuous_update=True),
                            k=w.IntSlider(value=k, min=1, max=8, description="k"))
+
+
+SPLIT_COLOURS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d"]
+
+
+def holdout_figure(result: list[dict], band: float):
+    """Held-out predictions (:func:`kit.bench.holdout.evaluate`'s ``result``) against the measurements: one marker
+    per held-out row, x the measured speed-up with its 95 % interval, y the prediction, a colour per split; the
+    diagonal (exact) and the ``±band`` lines around it, and break-even (1.0x) on both axes."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    vals = [v for s in result for g in s["rows"] for v in (g["measured"], g["predicted"], *(g["interval"] or ()))]
+    lo, hi = 0.9 * min(vals + [1.0]), 1.05 * max(vals + [1.0])
+    xs = [lo, hi]
+    fig.add_trace(go.Scatter(x=xs, y=xs, mode="lines", line=dict(color="black", width=1), name="predicted = measured",
+                             hoverinfo="skip"))
+    for f, dash in ((1 + band, "dash"), (1 - band, "dash")):
+        fig.add_trace(go.Scatter(x=xs, y=[x * f for x in xs], mode="lines", line=dict(color="grey", width=1, dash=dash),
+                                 name=f"±{band:.0%}", showlegend=f > 1, hoverinfo="skip"))
+    for i, s in enumerate(result):
+        rows = s["rows"]
+        if not rows:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[g["measured"] for g in rows], y=[g["predicted"] for g in rows], mode="markers", name=s["name"],
+            marker=dict(size=10, color=SPLIT_COLOURS[i % len(SPLIT_COLOURS)], line=dict(color="black", width=1)),
+            error_x=dict(type="data", symmetric=False, thickness=1,
+                         array=[(g["interval"][1] - g["measured"]) if g["interval"] else 0 for g in rows],
+                         arrayminus=[(g["measured"] - g["interval"][0]) if g["interval"] else 0 for g in rows]),
+            text=[f"{g['label']}: predicted {g['predicted']:.2f}x, measured {g['measured']:.2f}x "
+                  f"({100 * g['error']:+.0f} %)" for g in rows], hovertemplate="%{text}<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#b2182b", width=1, dash="dot"))
+    fig.add_vline(x=1.0, line=dict(color="#b2182b", width=1, dash="dot"))
+    fig.update_xaxes(range=xs, title_text="measured speed-up over no speculation (95 % interval)")
+    fig.update_yaxes(range=xs, title_text="held-out prediction", scaleanchor="x", scaleratio=1)
+    fig.update_layout(title="Held out: predicted against measured speed-up (dotted: break-even)", height=620,
+                      width=900, plot_bgcolor="white", legend=dict(x=1.02, y=1, xanchor="left"))
+    return fig
+
+
+STAGE_PARTS = (("busy", "computing", "#2166ac"), ("recv", "waiting for the previous stage", "#f4a582"),
+               ("idle", "idle", "#e0e0e0"))
+
+
+def stage_figure(summaries: dict[str, dict], title: str = "Where a decode step's time goes, per PP stage"):
+    """Per traced run (``{label: kit.worker.steptrace.summary(...)}``) and stage: a stacked bar of one decode step's
+    period, split into computing (forward, and sampling and drafting on the last stage), waiting for the previous
+    stage's hidden states, and idle, in ms; each bar labelled with its busy share."""
+    import plotly.graph_objects as go
+
+    cats = [f"{label} · stage {s['rank']}" for label, t in summaries.items() for s in t.get("stages", [])]
+    stages = [(t.get("period") or 0.0, s) for t in summaries.values() for s in t.get("stages", [])]
+    fig = go.Figure()
+    for key, name, colour in STAGE_PARTS:
+        ms = [1e3 * s[key] for _, s in stages]
+        text = [f"{s['busy'] / p:.0%} busy" if key == "busy" and p else "" for p, s in stages]
+        fig.add_trace(go.Bar(y=cats, x=ms, orientation="h", name=name, marker_color=colour, text=text,
+                             textposition="inside", insidetextanchor="start",
+                             textfont=dict(color="white"),
+                             hovertemplate="%{y}: " + name + " %{x:.2f} ms<extra></extra>"))
+    fig.update_yaxes(categoryorder="array", categoryarray=cats, autorange="reversed")
+    fig.update_xaxes(title_text="ms per decode step (mean)")
+    fig.update_layout(title=title, barmode="stack", height=120 + 28 * len(cats), plot_bgcolor="white",
+                      legend=dict(orientation="h", y=-0.08 - 2.0 / max(len(cats), 1), traceorder="normal"),
+                      margin=dict(l=10))
+    return fig

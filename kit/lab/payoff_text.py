@@ -3,7 +3,9 @@ and direction (which PP size pays more, whether a* rises or falls, how much of a
 rows, the fitted costs and the predictions passed in, so the prose cannot drift from the data.
 
 Inputs are those of the notebook: ``rows`` as in ``docs/results/bench.json``, ``costs`` from
-:func:`kit.bench.payoff.costs_by_group` and ``preds`` from :func:`kit.bench.payoff.predict`. Nothing here measures.
+:func:`kit.bench.payoff.costs_by_group`, ``preds`` from :func:`kit.bench.payoff.predict`, the held-out ``result`` of
+:func:`kit.bench.holdout.evaluate` and the bench timeline's :func:`kit.worker.steptrace.summary` per traced run.
+Nothing here measures.
 """
 from __future__ import annotations
 
@@ -159,3 +161,196 @@ def best_k_top(best: dict[tuple, dict[float, int]], ks: range) -> str:
     return (" ".join(f"At a = {a} the best k is the top of the range searched in {n} of {len(best)} groups: there it "
                      f"is at least {top}, and a larger k was not tried." for a, n in counts.items() if n)
             or f"No best k is the top of the range searched ({top}).")
+
+
+def best_k_interior(best: dict[tuple, dict[float, int]], ks: range, measured_ks: list[int]) -> str:
+    """Says where the best k of ``best`` (``{group: {a: k}}``, found over ``ks``) lies: per acceptance rate its span
+    over the groups, whether any is the top of the range searched (then it is at least that, not a winner), and
+    how far it lies beyond the k the costs were fitted on (``measured_ks``: there the model extrapolates)."""
+    rates = sorted({a for v in best.values() for a in v})
+    top, fitted = max(ks), max(measured_ks)
+    parts = []
+    for a in rates:
+        got = [v[a] for v in best.values()]
+        at_top = sum(k == top for k in got)
+        parts.append(f"at a = {a} the best k is {span(got, '{}')}"
+                     + (f" (in {at_top} of {len(got)} groups the top of the range searched, {top}: there it is at "
+                        f"least {top}, and a larger k was not tried)" if at_top else ""))
+    beyond = sorted({k for v in best.values() for k in v.values() if k > fitted})
+    return (f"Searched k = {min(ks)}–{top}: " + "; ".join(parts) + "."
+            + (f" The costs were fitted on rows with k ≤ {fitted}, so a best k of {listed(beyond)} extrapolates the "
+               "forward's and the drafter's linear fits beyond the measured k." if beyond else ""))
+
+
+# -- held out: kit.bench.holdout on the committed engine runs ----------------------------------------
+
+def holdout_inputs(rows: list[dict]) -> list[dict]:
+    """The payoff rows :func:`kit.bench.holdout.evaluate` takes, from aggregated ``kit bench`` rows
+    (:func:`kit.bench.table.aggregate` of the committed runs), each with the bootstrap interval of its measured
+    speed-up over no speculation (``interval``), as ``kit bench --holdout`` reads them."""
+    from kit.bench.table import payoff_rows
+
+    by_label = {r["label"]: r for r in rows}
+    out = payoff_rows(rows)
+    for p in out:
+        sp = next((x for x in by_label[p["label"]].get("speedups") or [] if x["kind"] == "speculation"), None)
+        p["interval"] = (sp["lo"], sp["hi"]) if sp else None
+    return out
+
+
+def _held(result: list[dict]) -> list[tuple[str, dict]]:
+    return [(s["name"], g) for s in result for g in s["rows"]]
+
+
+def holdout_table(result: list[dict], band: float) -> list[dict]:
+    """One record per held-out prediction of :func:`kit.bench.holdout.evaluate`'s ``result``, for a table."""
+    out = []
+    for name, g in _held(result):
+        iv = g["interval"]
+        src = "its own group" if g["source"] == (g["model"], g["pp"], g["batch"]) else \
+            f"{g['source'][0]} PP={g['source'][1]} batch {g['source'][2]}"
+        out.append({"split": name, "held-out row": g["label"], "costs fitted from": src,
+                    "occupancy predicted": round(g["occupancy"], 2),
+                    "occupancy measured": (None if g["occupancy_measured"] is None
+                                           else round(g["occupancy_measured"], 2)),
+                    "predicted": round(g["predicted"], 2), "measured": round(g["measured"], 2),
+                    "measured 95 % interval": "-" if not iv else f"{iv[0]:.2f}–{iv[1]:.2f}",
+                    "error %": round(100 * g["error"], 1), f"within ±{band:.0%}": abs(g["error"]) <= band})
+    return out
+
+
+def wrong_side(result: list[dict]) -> list[tuple[str, dict]]:
+    """The held-out predictions on the other side of break-even (1.0x) than the measurement: the model said
+    "pays" where speculation lost, or the reverse."""
+    return [(n, g) for n, g in _held(result) if (g["predicted"] > 1.0) != (g["measured"] > 1.0)]
+
+
+def holdout_summary(result: list[dict], band: float) -> str:
+    """The held-out result in words: how many predictions lie within ``band``, per split its count, mean and worst
+    error, the worst row, and the rows where the prediction is on the wrong side of break-even (with the
+    occupancy the schedule predicted against the one measured)."""
+    held = _held(result)
+    if not held:
+        return "**Held out:** no row could be predicted."
+    inside = sum(abs(g["error"]) <= band for _, g in held)
+    worst_name, worst = max(held, key=lambda x: abs(x[1]["error"]))
+    lines = [f"**Held out:** {inside} of {len(held)} predictions lie within ±{band:.0%} of the measured speed-up; "
+             f"the worst, `{worst['label']}` ({worst_name}), is {100 * worst['error']:+.0f} % off "
+             f"(predicted {worst['predicted']:.2f}x, measured {worst['measured']:.2f}x)."]
+    for s in result:
+        if not s["rows"]:
+            continue
+        n_in = sum(abs(g["error"]) <= band for g in s["rows"])
+        lines.append(f"- {s['name']} ({s['fit']} fit rows): {n_in} of {len(s['rows'])} within ±{band:.0%}, mean "
+                     f"error {100 * s['mean_abs_error']:.0f} %, worst {100 * s['max_abs_error']:.0f} %"
+                     + (f"; {len(s['skipped'])} held-out rows not predictable" if s["skipped"] else "") + ".")
+    ivs = [g for _, g in held if g["interval"]]
+    if ivs:
+        wide = sum(g["interval"][0] < (1 - band) * g["measured"] or g["interval"][1] > (1 + band) * g["measured"]
+                   for g in ivs)
+        within = sum(g["interval"][0] <= g["predicted"] <= g["interval"][1] for g in ivs)
+        lines.append(f"- Noise: in {wide} of {len(ivs)} rows the measured speed-up's 95 % interval reaches beyond "
+                     f"±{band:.0%} of its median; {within} of {len(ivs)} predictions lie inside the measured interval.")
+    wrong = wrong_side(result)
+    good = len(held) - len(wrong)
+    lines.append(f"- Pays or loses: the prediction lies on the measured side of break-even (1.0x) in {good} of "
+                 f"{len(held)} rows" + ("." if not wrong else "; not in " + "; ".join(
+                     f"`{g['label']}` ({n}: predicted {g['predicted']:.2f}x, measured {g['measured']:.2f}x; "
+                     f"occupancy predicted {g['occupancy']:.2f}, measured "
+                     + ("-" if g["occupancy_measured"] is None else f"{g['occupancy_measured']:.2f}") + ")"
+                     for n, g in wrong) + "."))
+    return "\n".join(lines)
+
+
+def in_place_summary(preds: list[dict], band: float) -> str:
+    """The in-place fit (each group fitted on the rows it then describes, the occupancy read from each row) in
+    words: a consistency check of the cost model, not a prediction."""
+    err = [p["error_at_occupancy"] for p in preds]
+    full = [p for p in preds if p["agrees"]]
+    return (f"**Consistency check (fitted on the rows it describes, not a prediction):** at each row's measured "
+            f"occupancy the fit lies within ±{band:.0%} in {sum(p['agrees_at_occupancy'] for p in preds)} of "
+            f"{len(preds)} rows (error {100 * min(err):+.0f} % to {100 * max(err):+.0f} %); at full steps in "
+            f"{len(full)} of {len(preds)}.")
+
+
+# -- the bench timeline ------------------------------------------------------------------------------
+
+def timeline_summary(summaries: dict[str, dict]) -> str:
+    """Per traced run (``{label: kit.worker.steptrace.summary(...)}``): each stage's busy share of a decode step's
+    period, its wait for the previous stage, and how many decode steps had two micro-batches in flight."""
+    lines = []
+    for label, t in summaries.items():
+        period = t.get("period") or 0.0
+        if not period:
+            continue
+        stages = ", ".join(f"stage {s['rank']} busy {s['busy'] / period:.0%}, waiting {s['recv'] / period:.0%}, "
+                           f"idle {s['idle'] / period:.0%}" for s in t["stages"])
+        lines.append(f"- `{label}`: a decode step every {1e3 * period:.2f} ms carrying {t['reqs_per_step']:.2f} "
+                     f"requests; {stages}; {t['in_flight']['overlap_steps']} of {t['decode_steps']} decode steps with "
+                     "two micro-batches in flight.")
+    return "\n".join(lines)
+
+
+def takeaway(preds: list[dict], result: list[dict], band: float) -> str:
+    """The notebook's closing paragraph: where speculation paid in the recorded rows (and the rows where it lost,
+    with their occupancy), the break-even against the measured acceptance, and how well the model predicts rows
+    it was not fitted on."""
+    paid = [p for p in preds if p["measured"] > 1.0]
+    lost = [p for p in preds if p["measured"] <= 1.0]
+    a_star = [p["break_even"] for p in preds if p["break_even"] is not None]
+    held = _held(result)
+    inside = sum(abs(g["error"]) <= band for _, g in held)
+    worst = max((abs(g["error"]) for _, g in held), default=0.0)
+    above = all(p["break_even"] is not None and p["acceptance"] > p["break_even"] for p in preds)
+    first = (f"MTP decoded faster than no speculation in {len(paid)} of {len(preds)} recorded rows, its measured "
+             f"acceptance ({span([p['acceptance'] for p in preds])}) "
+             + ("above the break-even a* in every row" if above else "below the break-even a* in some rows")
+             + f" (a* {span(a_star)})" + ("" if not lost else "; it lost only in " + ", ".join(
+                 f"{p['model']} PP={p['pp']} batch {p['batch']} k={p['k']} ({p['measured']:.2f}x), where its "
+                 f"speculative steps were {p['occupancy']:.0%} full" for p in lost)) + ".")
+    second = (f"Held out, the step-cost model predicts {inside} of {len(held)} speed-ups within ±{band:.0%} "
+              f"(the worst {100 * worst:.0f} % off), so read its surface as a guide to the break-even, not to the "
+              "second decimal.")
+    return f"**Takeaway:** {first} {second}"
+
+
+def model_shapes(models: list[str]) -> str:
+    """Each model's shape from its config (``data/models/``): decoder layers, hidden size, MTP layers."""
+    from kit.core.models import resolve_model
+
+    out = []
+    for m in models:
+        info = resolve_model(m)
+        c = info.config
+        out.append(f"`{m}`: {info.num_layers} decoder layers, hidden size {c.get('hidden_size')}, vocabulary "
+                   f"{c.get('vocab_size')}, {info.num_mtp_layers} MTP layer(s)"
+                   + ("" if info.has_trained_weights else " (random weights)"))
+    return "**The models:** " + "; ".join(out) + "."
+
+
+def timeline_findings(traces: list[dict], summaries: dict[str, dict]) -> str:
+    """What the traced runs show, per model and batch: the last stage's computing time per step without drafts and
+    with them (and which way its share of the step moved), and the requests a step carried against the batch.
+    ``traces``: the trace records (``model``, ``topology`` as ``"pp2 mtp:2 b4"``), ``summaries`` their
+    :func:`kit.worker.steptrace.summary` under ``f"{model} {topology}"``."""
+    by: dict[tuple, dict[str, dict]] = {}
+    for t in traces:
+        _, spec, b = t["topology"].split()[:3]
+        by.setdefault((t["model"], int(b.lstrip("b"))), {})[spec] = summaries[f"{t['model']} {t['topology']}"]
+    lines = []
+    for (m, b), specs in by.items():
+        plain = specs.get("none")
+        for spec, t in specs.items():
+            if spec == "none" or plain is None:
+                continue
+            lp, ls = plain["stages"][-1], t["stages"][-1]
+            sp, ss = lp["busy"] / plain["period"], ls["busy"] / t["period"]
+            word = "larger" if ss > sp + 0.005 else "smaller" if ss < sp - 0.005 else "the same"
+            lines.append(f"- `{m}`, batch {b}: with `{spec}` the last stage computes {1e3 * ls['busy']:.2f} ms of a "
+                         f"{1e3 * t['period']:.2f} ms step against {1e3 * lp['busy']:.2f} of "
+                         f"{1e3 * plain['period']:.2f} "
+                         f"without drafts, a {word} share ({ss:.0%} against {sp:.0%}); a step carries "
+                         f"{t['reqs_per_step']:.2f} requests against {plain['reqs_per_step']:.2f} without drafts"
+                         + (f" ({t['held_out']} times a running request was held out of a step)" if t.get("held_out")
+                            else "") + ".")
+    return "\n".join(lines)
