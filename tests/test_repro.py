@@ -29,7 +29,19 @@ def test_every_reproducer_has_its_report_and_its_patch():
         for other in repro.also_off(n):
             assert other in known and other != n, f"docs/upstream/{n}_repro.py: also off names {other!r}"
     out = _kit("--list")
-    assert out.returncode == 0 and len(out.stdout.splitlines()) == len(repro.names())
+    assert out.returncode == 0
+    assert len([ln for ln in out.stdout.splitlines() if not ln.startswith("  ")]) == len(repro.names())
+
+
+def test_every_patch_has_a_reproducer_or_says_why_not():
+    """Every registered patch: a reproducer, a reason it has none (NO_REPRODUCER), or written down as pending."""
+    from kit import patches
+
+    known, have = set(patches.registry()), set(repro.names())
+    missing = known - have - set(repro.NO_REPRODUCER) - set(repro.PENDING)
+    assert not missing, f"patches with neither a reproducer nor a reason: {sorted(missing)}"
+    assert not have & (set(repro.NO_REPRODUCER) | set(repro.PENDING)), "a listed patch has a reproducer now"
+    assert set(repro.NO_REPRODUCER) | set(repro.PENDING) <= known
 
 
 @pytest.mark.parametrize("args,why", [(("no_such_defect",), "no reproducer no_such_defect"),

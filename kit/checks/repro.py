@@ -46,6 +46,31 @@ class Outcome:
         return self.returncode == 1
 
 
+# Registered patches with no vLLM defect of their own to reproduce here, and why. `kit repro --list` prints them
+# after the reproducers; tests/test_repro.py keeps every registered patch in one of names(), NO_REPRODUCER, PENDING.
+NO_REPRODUCER: dict[str, str] = {
+    "decode_side_pp_spec_rule": "the kit's own rule (refuses decode-side PP + drafts unless the kit's PP + spec fixes "
+                                "are on), not a fix",
+    "draft_pp_gate": "report only: fixed upstream before vLLM 0.32.0 (PR #52117)",
+    "eagle3_total_layers": "report only: fixed upstream in vLLM 0.32.0 (PR #46003)",
+    "qwen3_5_mtp_intermediates": "report only: fixed for Qwen3.5 in vLLM 0.32.0; its report reads the same branch in "
+                                 "Qwen3-Next and EXAONE-MoE MTP, for which no model is shipped",
+    "eagle3_per_rank_layers_legacy": "teaching: turns the behaviour before PR #46003 back on (notebook 02)",
+    "pp_microbatches": "throughput, not wrong output: vLLM 0.32's V1 loop runs one PP step at a time (findings)",
+    "nixl_progress_delay": "CPU time, not wrong output: NIXL's progress threads busy-poll (findings)",
+    "nixl_cpu_affinity": "CPU time, not wrong output: NIXL pins every worker to one core (findings)",
+    "cpu_ray_executor": "a configuration vLLM 0.32.0 does not offer (Ray on the CPU build): a feature request",
+    "nixl_pp_consumer": "a configuration vLLM 0.32.0 refuses (a PP consumer for NIXL): a feature request",
+    "api_key_every_route": "security: goes to vLLM's private vulnerability reporting, not a public issue (findings)",
+    "tcp_store_bind_host": "security: goes to vLLM's private vulnerability reporting, not a public issue (findings)",
+    "ray_store_bind_host": "security: goes to vLLM's private vulnerability reporting, not a public issue (findings)",
+}
+# Correctness patches whose report and reproducer are not written yet (the list only shrinks).
+PENDING: dict[str, str] = {
+    "nixl_pp_draft_regions": "needs a NIXL producer/consumer pair of servers in the reproducer",
+}
+
+
 def names() -> list[str]:
     """Every reproducer's name (its patch's name), sorted."""
     return sorted(p.name[: -len(SUFFIX)] for p in UPSTREAM.glob(f"*{SUFFIX}"))
@@ -125,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for n in known:
             print(f"{n}: {title(n)}")
+        for n, why in sorted({**NO_REPRODUCER, **PENDING}.items()):
+            if n not in known:
+                print(f"  (no reproducer) {n}: {'not written yet: ' if n in PENDING else ''}{why}")
         return 0
     wanted = known if args.all else args.names
     unknown = [n for n in wanted if n not in known]
