@@ -73,8 +73,6 @@ NEEDS_HARDWARE: dict[str, str] = {
 # Correctness patches whose report and reproducer are not written yet (the list only shrinks).
 PENDING: dict[str, str] = {
     "nixl_pp_draft_regions": "needs a NIXL producer/consumer pair of servers in the reproducer",
-    "pp_batch_order_agree": "report written, reproducer not yet run through kit repro",
-    "spec_no_pad_fresh_prompt": "report written, reproducer not yet run through kit repro",
 }
 
 
