@@ -30,11 +30,22 @@ from conftest import ROOT
 
 NOTEBOOK = "05_does_it_pay"
 SLIDER_CELL = "payoff_plots.slider("  # the "Slide it" cell: the last one this test runs
+# What the notebook's cells up to the slider read (its MEASURED_JSON, RUNS and TRACE parameters and the runs file
+# beside the trace); test_measured_files_are_the_notebooks checks the list against the notebook.
+MEASURED_FILES = ("bench.json", "bench-runs-grid.jsonl", "timeline-trace.jsonl.gz", "timeline-runs.jsonl")
 ENGINE_CALLS = ("Topology(", "measure_batches(", "engine.run(", "PDPair(")  # none may run before it
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 SHM = Path("/dev/shm")
 ERROR_OUTPUT = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"  # tracebacks too
 BROWSER_ENTRY = re.compile(r"chrom|playwright", re.I)  # names Chromium and Playwright give their temp entries
+
+
+def test_measured_files_are_the_notebooks():
+    """Every ../docs/results/ file notebook 05 names is copied beside it (and each exists)."""
+    text = (ROOT / "notebooks" / f"{NOTEBOOK}.py").read_text()
+    named = set(re.findall(r"\.\./docs/results/([\w.-]+)", text))
+    assert named <= set(MEASURED_FILES), f"copy these too: {sorted(named - set(MEASURED_FILES))}"
+    assert all((ROOT / "docs" / "results" / n).is_file() for n in MEASURED_FILES)
 
 
 def _missing() -> str | None:
@@ -224,12 +235,13 @@ def test_jupyterlab_runs_a_notebook_and_a_slider_redraws_its_figure(monkeypatch)
     proc, info, result, listening = None, None, None, []
     try:
         env = _private_env(base)
-        # The notebook reads ../docs/results/bench.json: the copy keeps that layout, and the repository's notebook
-        # stays untouched whatever JupyterLab saves.
+        # The notebook reads the committed measurements under ../docs/results/ (MEASURED_FILES): the copy keeps that
+        # layout, and the repository's notebook stays untouched whatever JupyterLab saves.
         (base / "notebooks").mkdir()
         (base / "docs" / "results").mkdir(parents=True)
         shutil.copy(ROOT / "notebooks" / f"{NOTEBOOK}.ipynb", base / "notebooks")
-        shutil.copy(ROOT / "docs" / "results" / "bench.json", base / "docs" / "results")
+        for name in MEASURED_FILES:
+            shutil.copy(ROOT / "docs" / "results" / name, base / "docs" / "results")
         log = base / "jupyterlab.log"
         with open(log, "w") as out:
             proc = subprocess.Popen(_lab_command(base / "notebooks"), cwd=ROOT, env=env, stdout=out,
