@@ -137,10 +137,11 @@ def bars_figure(costs: dict[tuple, Costs], a: float, k: int):
     return fig
 
 
-def slider(costs: dict[tuple, Costs], a: float = 0.8, k: int = 2):
+def slider(costs: dict[tuple, Costs], a: float = 0.8, k: int = 2, k_max: int = 16):
     """:func:`bars_figure` at ``a`` and ``k`` as a plain output (what the HTML report shows), then sliders over
-    acceptance rate and k that redraw it under them, live (the model is closed form, so a redraw is instant):
-    :func:`kit.lab.notebook.interact_static`. Returns the box of sliders."""
+    acceptance rate and k (1..``k_max``, the range notebook 05 searches for the best k) that redraw it under them,
+    live (the model is closed form, so a redraw is instant): :func:`kit.lab.notebook.interact_static`. Returns the
+    box of sliders."""
     import ipywidgets as w
 
     from kit.lab.notebook import interact_static
@@ -149,7 +150,7 @@ def slider(costs: dict[tuple, Costs], a: float = 0.8, k: int = 2):
                            note=f"Above: a = {a:.2f}, k = {k}. Move a slider to redraw the bars here.",
                            a=w.FloatSlider(value=a, min=0.0, max=1.0, step=0.01, description="acceptance a",
                                            continuous_update=True),
-                           k=w.IntSlider(value=k, min=1, max=8, description="k"))
+                           k=w.IntSlider(value=k, min=1, max=k_max, description="k"))
 
 
 SPLIT_COLOURS = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d"]
