@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 from kit.core.models import MODELS_DIR, resolve_model  # noqa: E402
 from kit.zoo.tiny import checkpoint, trainers  # noqa: E402
 from kit.zoo.tiny.config import tiny_llama_swa_config  # noqa: E402
-from kit.zoo.tiny.llama_eagle3 import LlamaSWAConfig, TinyLlamaEagle3, _mask  # noqa: E402
+from kit.zoo.tiny.layers import window_mask  # noqa: E402
+from kit.zoo.tiny.llama_eagle3 import LlamaSWAConfig, TinyLlamaEagle3  # noqa: E402
 from kit.zoo.tiny.train import compute_losses  # noqa: E402
 
 ZOO, ZOO_DRAFT = MODELS_DIR / "tiny-llama-swa", MODELS_DIR / "tiny-llama-swa-eagle3"
@@ -47,9 +48,9 @@ def test_checkpoint_names_and_shapes_equal_weights_json():
 
 def test_sliding_window_mask():
     pos = torch.arange(40)
-    m = _mask(pos, pos, 32)
+    m = window_mask(pos, pos, 32)
     assert m[35, 4] and not m[35, 3] and not m[3, 4] and m[3, 3]
-    assert _mask(pos, pos, 0)[39, 0]
+    assert window_mask(pos, pos, 0)[39, 0]
 
 
 def test_sliding_layer_forgets_beyond_the_window():

@@ -61,19 +61,33 @@ class InterleavedRotary(Rotary):
         return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """Who may attend to whom: causal, and within ``window`` positions (``q - k < window``) when ``window`` > 0."""
+    d = q_pos[:, None] - k_pos[None, :]
+    ok = d >= 0
+    return ok & (d < window) if window > 0 else ok
+
+
 class Attention(nn.Module):
-    """Qwen2 attention (biased q/k/v, grouped KV heads). Subclasses change only :meth:`qkv` (and their
+    """Qwen2 attention (biased q/k/v, grouped KV heads); Llama's with ``bias=False``. ``in_dim``: the input width
+    when it is not the hidden size (an Eagle3 drafter's layer reads two hidden states side by side); ``window`` > 0:
+    sliding-window attention over the last ``window`` positions. Subclasses change only :meth:`qkv` (and their
     projections): ``hd`` is the q/k head dim used for the softmax scale."""
 
-    def __init__(self, mc: ModelConfig, rotary: Rotary):
+    window = 0  # full causal attention unless __init__ says otherwise (subclasses build their own projections)
+
+    def __init__(self, mc: ModelConfig, rotary: Rotary, bias: bool = True, in_dim: int | None = None,
+                 window: int = 0):
         super().__init__()
         self.nh, self.nkv, self.hd = mc.num_attention_heads, mc.num_key_value_heads, mc.head_dim
         h = mc.hidden_size
-        self.q_proj = nn.Linear(h, self.nh * self.hd, bias=True)
-        self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=True)
-        self.v_proj = nn.Linear(h, self.nkv * self.hd, bias=True)
+        d = in_dim or h
+        self.q_proj = nn.Linear(d, self.nh * self.hd, bias=bias)
+        self.k_proj = nn.Linear(d, self.nkv * self.hd, bias=bias)
+        self.v_proj = nn.Linear(d, self.nkv * self.hd, bias=bias)
         self.o_proj = nn.Linear(self.nh * self.hd, h, bias=False)
         self._rotary = [rotary]  # shared, not a submodule (keeps state_dict names clean)
+        self.window = window
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor):
         B, T, _ = x.shape
@@ -97,19 +111,27 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x, positions)
         if kv_out is not None:
             kv_out.append((k, v))
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.hd ** -0.5)
+        if self.window > 0:
+            pos = torch.arange(x.shape[1], device=x.device)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(pos, pos, self.window),
+                                               scale=self.hd ** -0.5)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.hd ** -0.5)
         return self.out(o, x)
 
     def forward_chain(self, x: torch.Tensor, positions: torch.Tensor, k1: torch.Tensor,
                       v1: torch.Tensor) -> torch.Tensor:
         """Second drafter application: slot i (position ``positions[i]``, one past first-pass
-        position i) attends to the first pass's keys at positions 0..i and to its own key,
-        which is what the drafter KV cache holds at draft step 2 in vLLM."""
+        position i) attends to the first pass's keys at positions 0..i (those within the window from
+        position i+1) and to its own key, which is what the drafter KV cache holds at draft step 2 in vLLM."""
         q, k2, v2 = self.qkv(x, positions)
         T = x.shape[1]
         scale = self.hd ** -0.5
         s1 = torch.matmul(q, k1.transpose(-1, -2)) * scale  # [B, H, T, T]
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        if self.window > 0:
+            pos = torch.arange(T, device=x.device)
+            mask &= window_mask(pos + 1, pos, self.window)
         s1 = s1.masked_fill(~mask, float("-inf"))
         s2 = (q * k2).sum(-1, keepdim=True) * scale  # [B, H, T, 1]
         p = torch.softmax(torch.cat([s1, s2], dim=-1), dim=-1)

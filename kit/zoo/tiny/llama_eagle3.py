@@ -24,17 +24,16 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from kit.zoo.tiny.config import _ArchConfig
-from kit.zoo.tiny.layers import MLP, RMSNorm, Rotary, init_normal_
+from kit.zoo.tiny.layers import MLP, Attention, DecoderLayer, RMSNorm, Rotary, init_normal_
 
 SLIDING = "sliding_attention"
 
 
 @dataclass
 class LlamaSWAConfig(_ArchConfig):
-    """The target's ``config.json`` fields, and the drafter's (:meth:`with_drafter`)."""
+    """The target's ``config.json`` fields, and the drafter's (``from_hf``'s ``draft``)."""
 
     intermediate_size: int = 256
     num_attention_heads: int = 4
@@ -65,72 +64,9 @@ class LlamaSWAConfig(_ArchConfig):
         return base
 
 
-def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
-    """Who may attend to whom: causal, and within ``window`` positions when ``window`` > 0."""
-    d = q_pos[:, None] - k_pos[None, :]
-    ok = d >= 0
-    return ok & (d < window) if window > 0 else ok
-
-
-class Attention(nn.Module):
-    """Llama attention (no biases, grouped KV heads, neox RoPE) over ``in_dim`` inputs, optionally windowed."""
-
-    def __init__(self, c: LlamaSWAConfig, rotary: Rotary, in_dim: int, window: int):
-        super().__init__()
-        self.nh, self.nkv, self.hd, self.window = c.num_attention_heads, c.num_key_value_heads, c.head_dim, window
-        self.q_proj = nn.Linear(in_dim, self.nh * self.hd, bias=False)
-        self.k_proj = nn.Linear(in_dim, self.nkv * self.hd, bias=False)
-        self.v_proj = nn.Linear(in_dim, self.nkv * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.nh * self.hd, c.hidden_size, bias=False)
-        self._rotary = [rotary]
-
-    def qkv(self, x, positions):
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-        q, k = self._rotary[0](q, positions), self._rotary[0](k, positions)
-        rep = self.nh // self.nkv
-        return q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-
-    def _out(self, o):
-        B, H, T, D = o.shape
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, H * D))
-
-    def forward(self, x, positions, kv_out: list | None = None):
-        q, k, v = self.qkv(x, positions)
-        if kv_out is not None:
-            kv_out.append((k, v))
-        T = x.shape[1]
-        pos = torch.arange(T, device=x.device)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask(pos, pos, self.window), scale=self.hd ** -0.5)
-        return self._out(o)
-
-    def forward_chain(self, x, positions, k1, v1):
-        """Second drafter application: slot i (one past first-pass position i) attends to the first pass's keys at
-        positions 0..i (within the window) and to its own key: what vLLM's drafter KV cache holds at draft step 2."""
-        q, k2, v2 = self.qkv(x, positions)
-        T = x.shape[1]
-        pos = torch.arange(T, device=x.device)
-        scale = self.hd ** -0.5
-        s1 = torch.matmul(q, k1.transpose(-1, -2)) * scale
-        s1 = s1.masked_fill(~_mask(pos + 1, pos, self.window) | (pos[None, :] > pos[:, None]), float("-inf"))
-        s2 = (q * k2).sum(-1, keepdim=True) * scale
-        p = torch.softmax(torch.cat([s1, s2], dim=-1), dim=-1)
-        return self._out(torch.matmul(p[..., :T], v1) + p[..., T:] * v2)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, c: LlamaSWAConfig, rotary: Rotary, kind: str):
-        super().__init__()
-        self.self_attn = Attention(c, rotary, c.hidden_size, c.sliding_window if kind == SLIDING else 0)
-        self.mlp = MLP(c)
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-
-    def forward(self, x, positions):
-        h = x + self.self_attn(self.input_layernorm(x), positions)
-        return h + self.mlp(self.post_attention_layernorm(h))
+def _attention(c: LlamaSWAConfig, rotary: Rotary, kind: str, in_dim: int | None = None) -> Attention:
+    """Llama attention (no biases) of the layer kind ``kind``: sliding-window or full."""
+    return Attention(c, rotary, bias=False, in_dim=in_dim, window=c.sliding_window if kind == SLIDING else 0)
 
 
 class Eagle3Layer(nn.Module):
@@ -138,8 +74,7 @@ class Eagle3Layer(nn.Module):
 
     def __init__(self, c: LlamaSWAConfig, rotary: Rotary):
         super().__init__()
-        window = c.sliding_window if c.draft_layer_types[0] == SLIDING else 0
-        self.self_attn = Attention(c, rotary, 2 * c.hidden_size, window)
+        self.self_attn = _attention(c, rotary, c.draft_layer_types[0], 2 * c.hidden_size)
         self.mlp = MLP(_Sized(c.hidden_size, c.draft_intermediate_size))
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -179,7 +114,8 @@ class Trunk(nn.Module):
         super().__init__()
         self.rotary = Rotary(c.head_dim, c.max_position_embeddings, c.rope_theta)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList([DecoderLayer(c, self.rotary, kind) for kind in c.layer_types])
+        self.layers = nn.ModuleList([DecoderLayer(c, self.rotary, _attention(c, self.rotary, kind))
+                                     for kind in c.layer_types])
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
 

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from kit.zoo.tiny.config import EOS_ID, MODELS_DIR, DSConfig, Qwen35Config, TrainConfig, hf_config
 
@@ -189,10 +190,7 @@ def train_tiny_llama_eagle3(tc: TrainConfig, out: Path, draft_out: Path | None =
     draft_out = Path(draft_out) if draft_out is not None else out.parent / f"{out.name}-eagle3"
     draft_cfg = json.loads((zoo_draft_dir / "config.json").read_text())
 
-    class _Arch:
-        @staticmethod
-        def from_hf(c: dict) -> LlamaSWAConfig:
-            return LlamaSWAConfig.from_hf(c, draft_cfg)
+    arch = SimpleNamespace(from_hf=lambda c: LlamaSWAConfig.from_hf(c, draft_cfg))   # _train_zoo's arch_cls
 
     def save_drafter(model) -> dict:
         copy_files(zoo_draft_dir, draft_out, [f for f in DEEPSEEK_COPIED_FILES if f != "weights.json"])
@@ -205,7 +203,7 @@ def train_tiny_llama_eagle3(tc: TrainConfig, out: Path, draft_out: Path | None =
              "model_safetensors_sha256": dsha}, indent=2) + "\n")
         return {"drafter": {"dir": draft_out.name, "model_safetensors_sha256": dsha}}
 
-    return _train_zoo(tc, out, zoo_dir, _Arch, TinyLlamaEagle3, command, log, {}, also_save=save_drafter)
+    return _train_zoo(tc, out, zoo_dir, arch, TinyLlamaEagle3, command, log, {}, also_save=save_drafter)
 
 
 def _device_info(device: str) -> dict:
