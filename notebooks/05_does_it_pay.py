@@ -196,7 +196,7 @@ claim(bool(m18) and all(p["measured"] > 1.0 for p in m18),
 from kit.bench.table import aggregate, load_runs
 
 runs = load_runs(RUNS)
-hrows = payoff_text.holdout_inputs(aggregate(runs))
+hrows = holdout.inputs(aggregate(runs))
 held = holdout.evaluate(hrows, layers=holdout.model_layers({r["model"] for r in hrows}))
 print(f"{len(runs)} engine runs from {RUNS}: {len(hrows)} rows; splits: " + "; ".join(
     f"{s['name']} ({s['fit']} fit, {len(s['rows'])} held out)" for s in held))

@@ -202,9 +202,10 @@ def _name(r: dict) -> str:
     return f"{r['model']} pp{r['pp']} k={r['k']} b{r['batch']}"
 
 
-def holdout_lines(rows: list[dict], layers: dict[str, int] | None = None) -> list[str]:
-    """The ``--holdout`` tables from aggregated ``kit bench`` rows (:func:`kit.bench.table.aggregate` with step
-    components): one table per split and a summary of the splits' errors."""
+def inputs(rows: list[dict]) -> list[dict]:
+    """The payoff rows :func:`evaluate` takes, from aggregated ``kit bench`` rows (:func:`kit.bench.table.aggregate`
+    with step components), each with the bootstrap interval of its measured speed-up over no speculation
+    (``interval``)."""
     from kit.bench.table import payoff_rows
 
     prows = payoff_rows(rows)
@@ -213,6 +214,13 @@ def holdout_lines(rows: list[dict], layers: dict[str, int] | None = None) -> lis
         # The speed-up table's interval when its baseline is the ratio measured here (the same no-spec row).
         sp = next((x for x in by_label[p["label"]].get("speedups") or [] if x["kind"] == "speculation"), None)
         p["interval"] = (sp["lo"], sp["hi"]) if sp else None
+    return prows
+
+
+def holdout_lines(rows: list[dict], layers: dict[str, int] | None = None) -> list[str]:
+    """The ``--holdout`` tables from aggregated ``kit bench`` rows (:func:`kit.bench.table.aggregate` with step
+    components): one table per split and a summary of the splits' errors."""
+    prows = inputs(rows)
     if layers is None:
         layers = model_layers({p["model"] for p in prows})
     result = evaluate(prows, layers=layers)

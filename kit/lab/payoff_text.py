@@ -184,20 +184,6 @@ def best_k_interior(best: dict[tuple, dict[float, int]], ks: range, measured_ks:
 
 # -- held out: kit.bench.holdout on the committed engine runs ----------------------------------------
 
-def holdout_inputs(rows: list[dict]) -> list[dict]:
-    """The payoff rows :func:`kit.bench.holdout.evaluate` takes, from aggregated ``kit bench`` rows
-    (:func:`kit.bench.table.aggregate` of the committed runs), each with the bootstrap interval of its measured
-    speed-up over no speculation (``interval``), as ``kit bench --holdout`` reads them."""
-    from kit.bench.table import payoff_rows
-
-    by_label = {r["label"]: r for r in rows}
-    out = payoff_rows(rows)
-    for p in out:
-        sp = next((x for x in by_label[p["label"]].get("speedups") or [] if x["kind"] == "speculation"), None)
-        p["interval"] = (sp["lo"], sp["hi"]) if sp else None
-    return out
-
-
 def _held(result: list[dict]) -> list[tuple[str, dict]]:
     return [(s["name"], g) for s in result for g in s["rows"]]
 
