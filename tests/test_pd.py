@@ -315,7 +315,8 @@ def test_pp2_mtp_producer_registers_its_mtp_region(tmp_path, no_leftovers, patch
 
 @pytest.mark.engine
 @pytest.mark.pd
-@pytest.mark.parametrize("patched", [False, True], ids=["patch-off", "patch-on"])
+# Patched (PD push PP=2 -> PP=2 + MTP) runs on every change (marker ci); stock vLLM's refusal only under -m pd.
+@pytest.mark.parametrize("patched", [False, pytest.param(True, marks=pytest.mark.ci)], ids=["patch-off", "patch-on"])
 def test_pp2_consumer_is_fed_stage_by_stage(tmp_path, no_leftovers, patched):
     """Patch nixl_pp_consumer: stock vLLM 0.32 refuses a decode server with PP>1 under NIXL; with the patch a
     PP=2 + MTP producer feeds a PP=2 + MTP consumer stage by stage: the consumer's tokens equal the reference,

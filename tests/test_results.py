@@ -144,7 +144,7 @@ failures="1" skipped="2" tests="5" time="125.5" timestamp="2026-12-05T10:00:00+0
 </testsuite></testsuites>"""
 
 
-def test_test_report_counts_per_selection_and_file_and_lists_the_slow_tests(tmp_path):
+def test_test_report_counts_per_selection_and_file_and_lists_the_opt_in_tests(tmp_path):
     from kit.lab import test_report
 
     xml = tmp_path / "r.xml"
@@ -153,15 +153,15 @@ def test_test_report_counts_per_selection_and_file_and_lists_the_slow_tests(tmp_
     assert rep.counts() == {"passed": 2, "failed": 1, "error": 0, "skipped": 1, "xfailed": 1}
     assert rep.cases[0].nodeid == "tests/test_results.py::test_a[1]" and rep.selection == "-m slow"
     assert rep.end == dt.datetime(2026, 12, 5, 10, 2, 5, 500000, tzinfo=dt.timezone.utc)
-    slow = ["tests/test_results.py::test_a[1]", "tests/test_results.py::test_a[2]", "tests/test_results.py::test_a[3]",
-            "tests/test_pd.py::test_never_run"]
+    slow = {"tests/test_results.py::test_a[1]": "slow", "tests/test_results.py::test_a[2]": "slow",
+            "tests/test_results.py::test_a[3]": "pd", "tests/test_pd.py::test_never_run": "pd"}
     body = test_report.render([rep], slow, WHEN, ROOT)
     assert "### -m slow" in body and "Command: `./test.sh -m slow`" in body
     assert "**2 passed, 1 failed, 0 error, 1 skipped, 1 xfailed**; 600 deselected; 126 s of pytest" in body
     assert "| `tests/test_results.py` | 3 | 1 | 1 | 1 | 120 |" in body and "| `tests/test_cli.py` | 2 | 1 | 0 | 1 | 5 |" in body
-    assert ("| `tests/test_results.py::test_a` | 3 | 2026-12-05 10:00 UTC | 1 passed, 1 failed, 1 not in that run |"
-            in body)
-    assert "| `tests/test_pd.py::test_never_run` | 1 | not run since 2026-12-05 10:00 UTC | – |" in body
+    assert ("| `tests/test_results.py::test_a` | `-m slow`, `-m pd` | 3 | 2026-12-05 10:00 UTC | 1 passed, 1 failed, "
+            "1 not in that run |" in body)
+    assert "| `tests/test_pd.py::test_never_run` | `-m pd` | 1 | not run since 2026-12-05 10:00 UTC | – |" in body
     assert "no recorded run" in test_report.render([], slow, WHEN, ROOT)
 
 
@@ -171,7 +171,7 @@ def test_test_report_records_the_report_and_writes_its_block(tmp_path, monkeypat
     xml = tmp_path / "r.xml"
     xml.write_text(JUNIT)
     monkeypatch.setattr(test_report, "RECORDED", tmp_path / "junit")
-    monkeypatch.setattr(test_report, "slow_tests", lambda root=ROOT: ["tests/test_results.py::test_a[1]"])
+    monkeypatch.setattr(test_report, "opt_in_tests", lambda root=ROOT: {"tests/test_results.py::test_a[1]": "slow"})
     doc = tmp_path / "tests.md"
     assert test_report.main(["--junit", str(xml), "--write", str(doc)]) == 0
     assert (tmp_path / "junit" / "20261205T100000Z.xml").read_text() == JUNIT
@@ -179,7 +179,7 @@ def test_test_report_records_the_report_and_writes_its_block(tmp_path, monkeypat
     m = results.HEADER.match(text.split("<!-- results:begin kit test-report -->\n", 1)[1])
     assert m and m["start"] == "2026-12-05 10:00" and m["end"] == "10:02", text[:400]
     assert m["source"] == str(tmp_path / "junit") and m["command"].startswith("kit test-report --junit ")
-    assert "| `tests/test_results.py::test_a` | 1 | 2026-12-05 10:00 UTC | 1 passed |" in text
+    assert "| `tests/test_results.py::test_a` | `-m slow` | 1 | 2026-12-05 10:00 UTC | 1 passed |" in text
     bare = tmp_path / "bare.xml"
     bare.write_text(JUNIT.replace("kit_", "other_"))
     with pytest.raises(SystemExit) as e:

@@ -45,7 +45,7 @@ def test_a_run_leaves_its_junit_report_with_the_command_and_machine(tmp_path):
     (xml,) = (tmp_path / "junit").glob("*.xml")
     rep = test_report.read_report(xml)
     assert rep.props["command"] == "./test.sh tests/test_progress.py -p no:cacheprovider -q -k not\\ slow"
-    assert rep.props["selection"].startswith("-m 'not slow and not pd and not reliability' -k 'not slow' ")
+    assert rep.props["selection"].startswith("-m '(not slow and not pd and not reliability) or ci' -k 'not slow' ")
     assert rep.props["machine"] and rep.props["versions"].startswith("vLLM ")
     assert rep.cases and all(c.file == "tests/test_progress.py" for c in rep.cases)
     assert rep.counts()["passed"] == len(rep.cases)

@@ -42,6 +42,7 @@ def test_auto_routes_pull_pairs_through_vllm_router_and_push_pairs_through_the_k
 
 @pytest.mark.engine
 @pytest.mark.pd
+@pytest.mark.ci  # PD pull through vllm-router, the default router of pull pairs
 def test_vllm_router_gives_the_reference_tokens_and_kv_bytes(tmp_path, no_leftovers):
     """PP=1 + MTP -> PP=1 + MTP (pull) through vllm-router: the consumer's tokens are the PP=1 no-spec reference's,
     it computes no prompt token, and the KV bytes over NIXL are the ones the model shape gives."""

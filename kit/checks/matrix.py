@@ -38,6 +38,8 @@ class Cell:
     prompts: str = "default"
     # Traffic the repository's prompts never send (kit.checks.traffic): its prompts, stop token and engine setting.
     traffic: bool = False
+    # Patches turned off for this cell's run (not its reference), e.g. ("pp_microbatches",): vLLM's own step loop.
+    patches_off: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
@@ -53,7 +55,13 @@ class Cell:
             s += f"-{self.prompts}"
         if self.traffic:
             s += "-traffic"
+        for name in self.patches_off:
+            s += f"-no-{name.replace('_', '-')}"
         return s
+
+    def env(self) -> dict[str, str] | None:
+        """The run's environment: ``KIT_PATCHES`` without :attr:`patches_off` (None: every patch)."""
+        return {"KIT_PATCHES": ",".join(["all"] + [f"-{n}" for n in self.patches_off])} if self.patches_off else None
 
     def prompt_list(self) -> list[str]:
         """The cell's prompts: the first :data:`NUM_PROMPTS` of ``data/prompts/<prompts>.jsonl``."""
@@ -97,8 +105,12 @@ for pp in (2, 4):
     CELLS.append(Cell("tiny-mimo", True, pp, "ngram:2", fast=(pp == 2)))
     CELLS.append(Cell("tiny-mimo", True, pp, "ngram:3", max_num_seqs=3, fast=(pp == 2)))
     CELLS.append(Cell("tiny-mimo", False, pp, "mtp:2", max_num_seqs=3, fast=(pp == 4)))
-CELLS.append(Cell("tiny-mimo", False, 2, "mtp:2", eager=False))
+# CI runs the trained PP=2 cell compiled (torch.compile and the CPU build's graph mode, not eager), and the same
+# cell eager in vLLM's own step loop (pp_microbatches off: one step in flight, drafts taken after each step) beside
+# the default loop's PP=4 cell above.
+CELLS.append(Cell("tiny-mimo", False, 2, "mtp:2", eager=False, fast=True))
 CELLS.append(Cell("tiny-mimo", True, 2, "mtp:2", eager=False))
+CELLS.append(Cell("tiny-mimo", False, 2, "mtp:2", patches_off=("pp_microbatches",), fast=True))
 # The other drafter families that start on CPU: PP 2/4 x k 1..3 (DeepSeek-V3 and GLM-4 MoE on seeded random weights,
 # Eagle3 on the trained tiny-llama-swa and its trained drafter, so that drafts are accepted and counted).
 # CI runs GLM-4 MoE at PP=4, where a stage holds dense layers only (patch glm4_moe_dense_stage).
@@ -117,8 +129,9 @@ CELLS.append(Cell("tiny-deepseek-v3", True, 2, "mtp:2", ref_pp=2))
 for pp in (1, 2, 4):
     for k in (1, 2, 3):
         CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, f"mtp:{k}"))
-    # CI runs PP=2 with requests leaving and re-entering the batch: the hybrid accepted-count path on both ranks.
-    CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "mtp:2", max_num_seqs=3, fast=(pp == 2)))
+    # CI runs PP=4 with requests leaving and re-entering the batch: the hybrid accepted-count path on every rank,
+    # three stages of Gated-DeltaNet layers only and a last stage of the full-attention layer and the MTP drafter.
+    CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "mtp:2", max_num_seqs=3, fast=(pp == 4)))
     CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "ngram:2"))
     CELLS.append(Cell("tiny-qwen3_5-trained", False, pp, "ngram:2", max_num_seqs=3))
     for k in (1, 2, 3):
@@ -189,7 +202,7 @@ def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX
     prompts = prompts or cell.prompt_list()
     stop = cell.stop_token_ids()
     ref = reference_for(cell.topology(), prompts, max_tokens, ref_pp=cell.ref_pp, stop_token_ids=stop)
-    return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref, stop_token_ids=stop)
+    return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref, stop_token_ids=stop, env=cell.env())
 
 
 def register(sub) -> None:

@@ -7,9 +7,9 @@
 other raw runs beside the tables); the block is rendered from every recorded report. Per selection (the ``-m``
 expression, ``-k`` and paths pytest ran) its latest report: date, machine, versions, the command, the counts
 (passed, failed, errors, skipped, xfailed, and deselected where the report says), pytest's wall time, and per test
-file its count and time. Then what runs only under ``-m slow`` (``pytest --collect-only -q -m slow``: collection
-starts no engine), each test function with its latest recorded result, or "not run since" the oldest recorded
-report. ``tests/conftest.py`` writes the command, machine, versions, selection and deselected count into the report
+file its count and time. Then what the default selection leaves out (``-m slow``, ``-m pd``, ``-m reliability``;
+``pytest --collect-only``: collection starts no engine), each test function with its latest recorded result, or
+"not run since" the oldest recorded report. ``tests/conftest.py`` writes the command, machine, versions, selection and deselected count into the report
 as properties (pytest's ``record_testsuite_property`` store); a report without them still counts, with those
 fields unknown.
 """
@@ -121,15 +121,42 @@ def record(path: Path, folder: Path, root: Path = REPO_ROOT) -> Path:
     return dest
 
 
-def slow_tests(root: Path = REPO_ROOT) -> list[str]:
-    """Node ids of what runs only under ``-m slow`` (the default selection leaves ``slow`` out): pytest's own
-    collection, which imports the test modules and starts no engine."""
-    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow", "-p", "no:cacheprovider"],
+# The markers whose tests the default selection leaves out (pyproject.toml's addopts), in the order a test is
+# filed under when it carries several.
+OPT_IN = ("slow", "pd", "reliability")
+
+
+def default_markexpr(root: Path = REPO_ROOT) -> str:
+    """The default selection's ``-m`` expression, read from pyproject.toml's pytest ``addopts``."""
+    import shlex
+    import tomllib
+
+    addopts = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    words = shlex.split(addopts)
+    return words[words.index("-m") + 1] if "-m" in words else ""
+
+
+def _collect(root: Path, markexpr: str) -> list[str]:
+    p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", markexpr, "-p", "no:cacheprovider"],
                        cwd=root, capture_output=True, text=True, timeout=600)
     ids = [line.strip() for line in p.stdout.splitlines() if "::" in line and not line.startswith(" ")]
-    if p.returncode not in (0, 5) or (p.returncode == 0 and not ids):
-        raise RuntimeError(f"pytest --collect-only -m slow failed (exit {p.returncode}): {p.stdout[-500:]}{p.stderr[-500:]}")
+    if p.returncode not in (0, 5):
+        raise RuntimeError(f"pytest --collect-only -m {markexpr!r} failed (exit {p.returncode}): "
+                           f"{p.stdout[-500:]}{p.stderr[-500:]}")
     return ids
+
+
+def opt_in_tests(root: Path = REPO_ROOT) -> dict[str, str]:
+    """Node id -> marker (``slow``, ``pd`` or ``reliability``) of every test the default selection leaves out:
+    pytest's own collection (``-m "MARKER and not (DEFAULT)"``), which imports the test modules and starts no engine."""
+    default = default_markexpr(root)
+    out: dict[str, str] = {}
+    for marker in OPT_IN:
+        for nodeid in _collect(root, f"{marker} and not ({default})" if default else marker):
+            out.setdefault(nodeid, marker)
+    if not out:
+        raise RuntimeError(f"pytest --collect-only found no test outside the default selection ({default!r})")
+    return out
 
 
 def _rel(path: Path) -> str:
@@ -144,8 +171,9 @@ def _function(nodeid: str) -> str:
     return nodeid.split("[", 1)[0]
 
 
-def render(reports: list[Report], slow: list[str], collected: dt.datetime, root: Path = REPO_ROOT) -> str:
-    """The block's body: the latest report of each selection, then the tests only ``-m slow`` runs."""
+def render(reports: list[Report], opt_in: dict[str, str], collected: dt.datetime, root: Path = REPO_ROOT) -> str:
+    """The block's body: the latest report of each selection, then the tests the default selection leaves out
+    (``opt_in``: node id -> the marker that selects it), each with its latest recorded result."""
     out = []
     latest: dict[str, Report] = {}
     for r in reports:
@@ -174,24 +202,27 @@ def render(reports: list[Report], slow: list[str], collected: dt.datetime, root:
         out.append("")
     oldest = reports[0].start if reports else None
     funcs: dict[str, list[str]] = {}
-    for nodeid in slow:
+    for nodeid in opt_in:
         funcs.setdefault(_function(nodeid), []).append(nodeid)
-    out += ["### Only under `-m slow`", "",
-            f"{len(slow)} tests in {len(funcs)} test functions, collected {collected:%Y-%m-%d %H:%M} UTC with "
-            "`pytest --collect-only -q -m slow`; last run and result: the latest recorded report that holds them.", "",
-            "| test | cases | last run | result |", "|---|---|---|---|"]
+    markers = ", ".join(f"`-m {m}`" for m in OPT_IN)
+    out += ["### Outside the default selection", "",
+            f"{len(opt_in)} tests in {len(funcs)} test functions that only {markers} select, collected "
+            f"{collected:%Y-%m-%d %H:%M} UTC with `pytest --collect-only -q -m \"MARKER and not (DEFAULT)\"`; last run "
+            "and result: the latest recorded report that holds them.", "",
+            "| test | run with | cases | last run | result |", "|---|---|---|---|---|"]
     for func, ids in funcs.items():
+        how = "`-m " + "`, `-m ".join(sorted({opt_in[i] for i in ids}, key=OPT_IN.index)) + "`"
         last = next((r for r in reversed(reports) if any(c.nodeid in ids for c in r.cases)), None)
         if last is None:
             when = f"not run since {oldest:%Y-%m-%d %H:%M} UTC" if oldest else "no recorded run"
-            out.append(f"| `{func}` | {len(ids)} | {when} | – |")
+            out.append(f"| `{func}` | {how} | {len(ids)} | {when} | – |")
             continue
         got = [c.outcome for c in last.cases if c.nodeid in ids]
         tally = ", ".join(f"{got.count(o)} {o}" for o in ("passed", "failed", "error", "skipped", "xfailed")
                           if got.count(o))
         if len(got) < len(ids):
             tally += f", {len(ids) - len(got)} not in that run"
-        out.append(f"| `{func}` | {len(ids)} | {last.start:%Y-%m-%d %H:%M} UTC | {tally} |")
+        out.append(f"| `{func}` | {how} | {len(ids)} | {last.start:%Y-%m-%d %H:%M} UTC | {tally} |")
     return "\n".join(out)
 
 
@@ -221,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recorded {_rel(record(Path(f), RECORDED))}")
     reports = recorded(RECORDED)
     collected = dt.datetime.now(dt.timezone.utc)
-    body = render(reports, slow_tests(), collected, REPO_ROOT)
+    body = render(reports, opt_in_tests(), collected, REPO_ROOT)
     print(body)
     if args.write:
         recorded_header = {}
