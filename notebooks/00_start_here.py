@@ -43,7 +43,7 @@ SPEC = "mtp:2"           # METHOD:K
 NUM_PROMPTS = 4
 MAX_TOKENS = 32
 BREAK_PATCHES = "all,-pp_spec_schedule_gate,-pp_microbatches,-decode_side_pp_spec_rule"   # "break it": the gate off
-SHOW_DOCTOR = True       # run `kit doctor` below (about 10 s; the report lists the versions anyway)
+SHOW_DOCTOR = True       # run `kit doctor` below (the report lists the versions anyway)
 
 # %%
 import kit
@@ -63,20 +63,27 @@ if SHOW_DOCTOR:
 # %% [markdown]
 # ## A first run
 # The kit starts the reference (PP=1, no speculation) and the topology below as real vLLM engines (each in
-# its own process group, torn down afterwards), on the same prompts, greedy, float32. On 2 cores this takes about
-# 45 s: 15-25 s per engine, most of it vLLM starting; a status line under the cell shows the phase.
+# its own process group, torn down afterwards), on the same prompts, greedy, float32. A status line under the cell
+# shows the phase; the cell prints how long it took on this machine, and how much of that was vLLM starting.
 
 # %%
+import time
 from kit.core.topology import Topology
 from kit.checks.compare import compare, load_prompts
 
 topo = Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=PP, spec=SPEC)
 prompts = load_prompts(limit=NUM_PROMPTS)
+t_start = time.monotonic()
 cmp = compare(topo, prompts, max_tokens=MAX_TOKENS)
+cell_s = time.monotonic() - t_start
 d = cmp.to_dict()
 print("topology  :", topo.label())
 print("identical :", d["identical"], " first divergence:", d["first_divergence"])
 print("acceptance:", d["acceptance"])
+sec = d["seconds"]
+fmt = lambda x: "?" if x is None else f"{x:.1f} s"
+print(f"time      : {cell_s:.0f} s for the cell; vLLM start {fmt(sec['reference_start'])} (reference), "
+      f"{fmt(sec['run_start'])} ({topo.label()}); generation {fmt(sec['reference'])}, {fmt(sec['run'])}")
 
 # %%
 from kit.lab import plots
@@ -124,12 +131,13 @@ claim(acc.num_accepted_tokens > 0 and acc.num_drafts < generated,
 # give with that patch off, in vLLM's own step loop (`BREAK_PATCHES`: the kit's `pp_microbatches` is off too, since
 # with it the drafts come back only after the step's tokens and there is nothing left for the gate to hide; the
 # decode-side rule is off as well, or the kit would refuse the engine before it starts), then run it: one more
-# engine, about 25 s on 2 cores.
+# engine.
 #
 # <details><summary>Answer</summary>
 #
-# Different tokens from the first decode steps on, and some of them are tokens of *another* prompt: the requests
-# leak into each other. The picture puts this run (left) beside the run above with every patch on (right).
+# Different tokens, and a wrong token can be one of *another* prompt's: the requests leak into each other. The
+# picture puts this run (left) beside the run above with every patch on (right); the cell prints where this run
+# first differed and which wrong tokens another prompt's reference has nearby.
 # </details>
 
 # %%

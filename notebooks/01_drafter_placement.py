@@ -37,9 +37,9 @@ import kit.lab.notebook
 kit.lab.notebook.setup()
 
 # %% [markdown]
-# One engine per PP size in `PP_SIZES`, each started, asked and stopped (on 2 cores about 25 s at PP=2 and
-# 40 s at PP=4). The `TRACE_PP` engine then also generates a few tokens with every step traced inside each worker
-# (`kit_trace_start` / `kit_trace_read`, see *One decode step with drafts, across the ranks* below), which adds a few seconds.
+# One engine per PP size in `PP_SIZES`, each started, asked and stopped (a status line shows each one's phase). The
+# `TRACE_PP` engine also generates a few tokens with every step traced inside each worker (`kit_trace_start` /
+# `kit_trace_read`, see *One decode step with drafts, across the ranks* below).
 
 # %%
 import pandas as pd
@@ -193,7 +193,7 @@ if HYBRID_PP:
 # %% [markdown]
 # ## Which node holds what
 # With `NODES = 2` one more engine runs the `TRACE_PP` topology as a two-node deployment on this machine, through
-# vLLM's own multi-node launch (`kit.engine.multinode`, about 45 s on 2 cores): node 0 on 127.0.0.2 and core 0 runs the
+# vLLM's own multi-node launch (`kit.engine.multinode`): node 0 on 127.0.0.2 and core 0 runs the
 # API server, the engine core and the first stage's worker; node 1 on 127.0.0.3 and core 1 is a headless follower
 # with the other stage's worker. Both nodes run in a network namespace the run makes for itself (where the kit can:
 # root, as in CI), so none of their sockets is reachable from outside the run; the kit talks to the leader through a
@@ -250,8 +250,8 @@ if NODES > 1:
 # %% [markdown]
 # ## The failure without the kit's drafter guard
 # Stock vLLM 0.32 creates the drafter only on the last rank, but other start-up paths touch `self.drafter` on
-# every rank. Turning the kit's `drafter_only_on_last_rank` patch off shows the crash (caught here; about 25 s on
-# 2 cores until the worker fails).
+# every rank. Turning the kit's `drafter_only_on_last_rank` patch off shows the crash (caught here: the engine runs
+# until the worker fails).
 
 # %%
 from kit.engine import EngineError
@@ -362,8 +362,9 @@ claim(with_drafts > 0 and not late, f"each of the {with_drafts} steps that verif
 # <details><summary>Answer</summary>
 #
 # Without the patch none: every step carries both requests, and the engine core waits for each step's drafts
-# before it schedules the next, so one stage always waits for the other; each is busy well under half the time.
-# With it the requests take turns, and the two stages compute at the same time for most of the run.
+# before it schedules the next, so one stage always waits for the other. With it the requests take turns, and the
+# two stages compute at the same time for at least half of the decode steps. The cell prints this run's counts and
+# each stage's busy share.
 # </details>
 
 # %%
@@ -379,12 +380,14 @@ pipeline_lanes(runs, TRACE_PP, span_ms=span_ms,
                      "a lane per stage, s<step> on each bar").update_layout(meta="pipeline").show()
 busy = {label: [busy_share(ev, r, decode_window(ev, span_ms)) for r in range(TRACE_PP)] for label, ev in runs.items()}
 ov_off, ov_on = t_off["in_flight"]["overlap_steps"], t_on["in_flight"]["overlap_steps"]
+per_req_off, per_req_on = (t["period"] / t["reqs_per_step"] for t in (t_off, t_on))
 display(Markdown(
     f"**This run:** off, {ov_off} of {t_off['decode_steps']} decode steps had two micro-batches in flight, a decode "
     f"step every {1000 * t_off['period']:.1f} ms; on, {ov_on} of {t_on['decode_steps']}, a step every "
     f"{1000 * t_on['period']:.1f} ms (each carrying {t_on['reqs_per_step']:.1f} requests against "
     f"{t_off['reqs_per_step']:.1f}: {1000 * t_off['period'] / t_off['reqs_per_step']:.1f} ms per request off, "
-    f"{1000 * t_on['period'] / t_on['reqs_per_step']:.1f} ms on). Busy share of the span drawn, per stage: off "
+    f"{1000 * t_on['period'] / t_on['reqs_per_step']:.1f} ms on: per request the micro-batched run was "
+    f"{'faster' if per_req_on < per_req_off else 'not faster'}). Busy share of the span drawn, per stage: off "
     + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[0]]) + "; on "
     + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[1]]) + "."))
 
@@ -393,10 +396,10 @@ display(Markdown(
 # (its grey part waiting for rank 0's hidden states), then nothing on rank 0 until the step's drafts are back. In
 # the lower panel the requests alternate, one colour per micro-batch, and rank 0 starts one request's step while
 # rank 1 still computes the other's. The same tokens come out either way (the matrix checks both); what changes is
-# how much of the time each stage has work. On a model this small a step of one request costs nearly what a step of
-# two costs (the time per request above), so here the stages overlap without finishing
-# sooner; `kit bench --timeline` measures what the overlap wins on a larger model (docs/results/bench.md, "PP
-# micro-batches in flight").
+# how much of the time each stage has work. Whether the overlap also finishes sooner depends on what a step of one
+# request costs against a step of two: the time per request above says which way it went in this run;
+# `kit bench --timeline` measures what the overlap wins on a larger model (docs/results/bench.md, "PP micro-batches
+# in flight").
 
 # %%
 claim(ov_off == 0 and t_off["decode_steps"] > 0,

@@ -140,7 +140,7 @@ claim([n for n, r in answer.items() if r["clash"]] == [6], "at PP=2 only the 6-l
 
 # %% [markdown]
 # ## The fixed behaviour (vLLM 0.32 + the kit), read from the live engine
-# One engine at `PP` with the drafter (about 30 s on 2 cores, then a reference engine of about 15 s further down).
+# One engine at `PP` with the drafter (and a reference engine further down), each with its status line.
 
 # %%
 from kit import engine
@@ -200,7 +200,7 @@ claim(fixed_spec["num_accepted_tokens"] > 0.25 * fixed_spec["num_draft_tokens"],
 # ## The old behaviour: the per-rank count, where the picture predicts a clash
 # The kit's teaching patch `eagle3_per_rank_layers_legacy` makes the drafter use `get_num_layers(parallel_config)`
 # (what vLLM did before PR #46003) for `target_layer_num`. The engine below runs at `PP`; the picture above
-# predicts its draft layer's name (about 25 s on 2 cores until the last rank refuses).
+# predicts its draft layer's name, and the cell waits until the last rank refuses it.
 
 # %%
 legacy_err, legacy = None, None
@@ -237,7 +237,7 @@ else:
 # ## The per-rank count where the picture predicts no clash on the last rank
 # At `NO_CLASH_PP` the last rank holds fewer than half of the target layers, so the per-rank name is that of a
 # target layer on *another* rank (purple above). No rank builds two layers of one name, so nothing refuses while the
-# model is built. **Predict** before running (about 35 s on 2 cores): does this engine start?
+# model is built. **Predict** before running: does this engine start?
 #
 # <details><summary>Answer</summary>
 #

@@ -66,7 +66,7 @@ for rank in range(producer.pp):
 # drafts would attend to nothing.
 #
 # The next cell starts a reference engine, the consumer's topology as one engine, and then the producer and
-# consumer servers: about 150 s on 2 cores, one status line per engine or server.
+# consumer servers, one status line per engine or server.
 
 # %%
 from kit import engine
@@ -183,10 +183,10 @@ fig2.show()
 # **What it shows:** the accepted drafts are the same at every draft position — the drafter on the consumer
 # proposes exactly what it proposes on one engine, which it could not do without the MTP layer's KV from the
 # producer. The one difference is by design of the handoff: the consumer runs up to one extra verify round per
-# request, and nothing in that round is accepted, so its mean acceptance length is a little lower (this run's
-# numbers are printed below). A consumer request starts without drafts of its own — the producer drafted
-# for its own prefill step, and those drafts do not travel — so its first round verifies drafts that are
-# rejected; every later round matches the colocated engine's one for one.
+# request, and nothing in that round is accepted, so its mean acceptance length is at most the colocated engine's,
+# lower by those extra rounds (this run's numbers are printed below). A consumer request starts without drafts of
+# its own — the producer drafted for its own prefill step, and those drafts do not travel — so its first round
+# verifies drafts that are rejected; every later round matches the colocated engine's one for one.
 
 # %%
 claim(a["accepted_equal"], f"the consumer accepted the same drafts per position as one engine: {a['consumer']['per_position']}",
@@ -208,7 +208,7 @@ display(Markdown(
 # nothing to send for it) into the same MTP consumer. vLLM refuses such a pair by default — the NIXL
 # handshake's compatibility hash covers the MTP configuration (`NIXL compatibility hash mismatch`) — so this
 # run turns that check off (`enforce_handshake_compat=false`, a documented connector option). The consumer's
-# MTP layer then attends over prompt KV blocks that were never written. One more server pair: about 75 s on 2 cores.
+# MTP layer then attends over prompt KV blocks that were never written. One more server pair starts.
 #
 # **Predict, then run:** in the run above, which producer rank sent the MTP layer's KV? And in this run, how many
 # bytes will the connector move for the MTP layer?
@@ -247,9 +247,9 @@ fig3.show()
 # %% [markdown]
 # **What it shows:** the tokens stay identical — the target model's KV all arrived, and speculative decoding
 # only changes *how fast* tokens come, never which ones. But the drafter, reading an unwritten prompt KV in its
-# own attention layer, gets fewer drafts accepted and the consumer needs more verify rounds for the same tokens
-# (this run's counts are printed below the assertions). That is why the kit counts the MTP layer among the layers that must move,
-# and why vLLM's handshake refuses a producer whose MTP configuration differs.
+# own attention layer, gets fewer drafts accepted and the consumer needs at least as many verify rounds for the
+# same tokens (this run's counts are printed below the assertions). That is why the kit counts the MTP layer among
+# the layers that must move, and why vLLM's handshake refuses a producer whose MTP configuration differs.
 
 # %% [markdown]
 # ## The KV that moved, layer by layer
@@ -316,7 +316,7 @@ display(Markdown(
 # PP + speculation produces wrong tokens. With the kit's correctness patches active it is allowed (and verified
 # above for the producer; the tests check a PP=2 consumer too). With them off, the kit's `decode_side_pp_spec_rule` patch
 # refuses the engine with a ValueError at configuration time (inside every vLLM process); the kit checks the
-# same rule before it starts anything, so the refusal below takes milliseconds.
+# same rule before it starts anything, so the refusal below comes before any vLLM process starts.
 
 # %%
 from kit import engine

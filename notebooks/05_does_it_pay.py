@@ -275,7 +275,7 @@ claim(all(max(K_SEARCH) not in v.values() for v in best.values()),
 # `LIVE_MODEL` at PP=`LIVE_PP`, batch `LIVE_BATCH`, with and without MTP, one fresh engine each, timers on
 # (the same path as `kit bench --breakdown`); a few short requests, so noisier than the table above. The prediction
 # uses this run's own step costs (fixed cost, forward, drafter, timed in the workers) and its own acceptance.
-# Two engine starts and their requests: about a minute on 2 cores, one status line per engine.
+# Two engine starts and their requests, one status line per engine.
 #
 # **Predict, then run:** will `LIVE_MODEL`'s MTP k=2 beat its no-spec engine in this short live run, and will its
 # speed-up be the table's figure for the same PP size and batch?

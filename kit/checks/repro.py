@@ -71,9 +71,7 @@ NEEDS_HARDWARE: dict[str, str] = {
     "cpu_amx_permission": "an Intel CPU with AMX (Sapphire Rapids or later)",
 }
 # Correctness patches whose report and reproducer are not written yet (the list only shrinks).
-PENDING: dict[str, str] = {
-    "nixl_pp_draft_regions": "needs a NIXL producer/consumer pair of servers in the reproducer",
-}
+PENDING: dict[str, str] = {}
 
 
 def names() -> list[str]:
