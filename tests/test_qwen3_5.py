@@ -84,10 +84,13 @@ def _first_divergence_with(t: Topology, num_prompts: int, patch: str, patched: b
 def test_verified_tokens_computed_as_decode_steps_off_and_on(patched, no_leftovers):
     """cpu_gdn_spec_conv_window: vLLM 0.32's CPU GDN speculative path computes a verified token with other kernels
     than a plain decode step (bf16 conv + bf16 SiLU, the fused spec recurrence); on the trained bf16 model that
-    flips a one-bf16-step tie against the PP=1 no-spec engine. Through the decode kernels, token for token, the
-    MTP run is token-identical."""
-    div = _first_divergence_with(Topology(model="tiny-qwen3_5-trained", pp=1, spec="mtp:1"), 8,
-                                 "cpu_gdn_spec_conv_window", patched)
+    flips a one-bf16-step tie against the PP=1 no-spec engine (prompt 5, position 35, margin 0.0625). Through the
+    decode kernels, token for token, the MTP run is token-identical. cpu_gdn_spec_cpp_conv also sends each verified
+    token's conv through the decode path's C++ kernel, and either patch alone gave identical tokens here
+    (2026-12-05: 8 prompts x 40 tokens, 131-132 drafts accepted each), so the off run turns both off: the speculative
+    path as vLLM ships it."""
+    patch = "cpu_gdn_spec_conv_window" if patched else "cpu_gdn_spec_conv_window,-cpu_gdn_spec_cpp_conv"
+    div = _first_divergence_with(Topology(model="tiny-qwen3_5-trained", pp=1, spec="mtp:1"), 8, patch, patched)
     if patched:
         assert div is None, div
     else:

@@ -22,6 +22,9 @@ state (336 of 768 elements, up to 6.1e-5). With a trained tiny-qwen3_5 in bf16, 
 the no-spec engine at a one-bf16-step tie (prompt 5, position 35, reference margin 0.0625); with each token sent
 through the decode path's two kernels in order (the state after token ``t`` stored in slot ``t``, as the spec
 kernel stores it) all four PP=1 MTP cells are token-identical.
+``cpu_gdn_spec_cpp_conv`` sends the same verified tokens' conv through the decode path's C++ kernel: with either
+patch alone the PP=1 MTP k = 1 run on 8 prompts x 40 tokens is token-identical (2026-12-05); with both off it parts
+at that tie (``tests/test_qwen3_5.py::test_verified_tokens_computed_as_decode_steps_off_and_on``).
 The AMX / Arm bf16 path (``_causal_conv1d_update_cpu``, a C++ kernel, used when all rows have the same length)
 is vLLM's own, unchanged, and not exercised on the machines the kit was measured on.
 Upstream: none found. Target: vLLM 0.32.0 CPU build. Removal: when vLLM's CPU GDN roll handles short steps and its
