@@ -155,6 +155,24 @@ def test_the_speedup_table_marks_only_separate_intervals(capsys, tmp_path):
     assert "| pp1 none b1 | 25.0 [25.0–25.0] |" in "\n".join(text)   # median [interval], not (min–max)
 
 
+def test_a_pp_row_is_compared_with_pp1_of_the_same_spec_and_batch(capsys, tmp_path):
+    """PP=2 over PP=1 (kind "pp"), per spec and batch: the figure behind "PP=2 at least 0.9x PP=1's decode speed"."""
+    lines = []
+    for rep in range(5):
+        for pp, k, tok_s in ((1, 0, TIGHT[rep]), (2, 0, 0.7 * TIGHT[rep]), (1, 2, 2 * TIGHT[rep]),
+                             (2, 2, 1.02 * 2 * WIDE[rep])):
+            lines.append({**_record("m", pp, k, 8, tok_s, 2.5, 0.01, 0.008, 0.001), "components": None})
+    p = tmp_path / "runs.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert main(["bench", "--quiet", "--from-runs", str(p), "--json"]) == 0
+    text = capsys.readouterr().out.strip().splitlines()
+    rows = {r["topology"]: r for r in json.loads(text[-1])}
+    pp = {label: [(s["over"], s["separate"]) for s in r["speedups"] if s["kind"] == "pp"] for label, r in rows.items()}
+    assert pp == {"pp1 none b8": [], "pp2 none b8": [("pp1 none b8", True)], "pp1 mtp:2 b8": [],
+                  "pp2 mtp:2 b8": [("pp1 mtp:2 b8", False)]}
+    assert "| pp2 none b8 | pp1 none b8 | 0.70x [" in "\n".join(text)
+
+
 def test_the_intervals_are_reproducible_with_the_seed():
     from kit.bench.stats import median_interval, ratio_interval
 

@@ -58,20 +58,12 @@ DOCS = sorted(RESULTS.glob("*.md"))
 # the command writes one). Each entry says who quotes the figures.
 REMEASURE: dict[tuple[str, str], str] = {
     # bench.md's blocks of 2026-12-01: headers typed from the printed output, `--prompts N` now `--limit N`.
-    # The patch-overhead block is quoted by docs/status.md and results/README.md ("well under 0.1 %"), the PD
-    # pairs by pd.md and cpu-notes.md; the others are quoted nowhere else: re-measure or remove them.
-    ("bench.md", "PP 1/2 x MTP k, and the plugin's cost"):
-        "kit bench --pp 1,2 --patch-cost --repeats 2 --limit 4 --max-tokens 32 --write docs/results/bench.md",
-    ("bench.md", "PP=4"):
-        "kit bench --pp 4 --repeats 2 --limit 4 --max-tokens 32 --write docs/results/bench.md; "
-        "kit bench --pp 4 --spec mtp:2 --startup --repeats 2 --limit 4 --max-tokens 32 --write docs/results/bench.md",
+    # The PD pairs are quoted by pd.md and cpu-notes.md.
     ("bench.md", "Start-up: eager vs compiled"):  # docs/findings.md and docs/cpu-notes.md: 25.6 s against 35.5 s
         "kit bench --only-extras --startup --repeats 2 --write docs/results/bench.md",
     ("bench.md", "PD pairs"):
         'kit bench --only-extras --pd "1:none>1:none,1:mtp:2>1:mtp:2,2:mtp:2>1:mtp:2" --repeats 2 --limit 4 '
         "--max-tokens 32 --write docs/results/bench.md",
-    ("bench.md", "What the patches cost per decode step"):
-        "kit bench --patch-overhead --repeats 3 --write docs/results/bench.md",
     ("bench.md", "Whole-engine patch cost (`--patch-cost`)"):
         "kit bench --only-extras --patch-cost --repeats 3 --limit 8 --max-tokens 512 --write docs/results/bench.md",
     # matrix.md's blocks of 2026-12-01 (the full matrix's header and command typed: no --write): docs/status.md

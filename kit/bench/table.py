@@ -125,14 +125,19 @@ def speedups(rows: list[dict]) -> list[list[dict]]:
     """Each aggregated row's decode speed-ups, in row order: over no speculation (``kind`` "speculation": the
     ``none`` row of the same model, PP, batch and variant) for a speculative row, and over the first row of its
     (model, PP, spec, batch) group (``kind`` "variant": a ``--variant``, ``--patch-cost`` or ``--startup`` row
-    against the plain or first-listed one). Rows without decode values or not named ``pp<PP> <spec>`` get none."""
+    against the plain or first-listed one), and for a PP > 1 row over the PP=1 row of the same model, spec, batch and
+    variant (``kind`` "pp": what splitting the model over stages costs or wins on the same cores). Rows without
+    decode values or not named ``pp<PP> <spec>`` get none."""
     usable = [(r, _variant(r)) for r in rows]
     usable = [(r, v) for r, v in usable if v is not None and r.get("decode_tok_s") and r["decode_tok_s"].get("values")]
     plain = {}
     first = {}
+    pp1 = {}
     for r, v in usable:
         if r["k"] == 0:
             plain.setdefault((r["model"], r["pp"], r.get("batch"), v), r)
+        if r["pp"] == 1:
+            pp1.setdefault((r["model"], r["spec"], r.get("batch"), v), r)
         first.setdefault((r["model"], r["pp"], r["spec"], r.get("batch")), r)
     out: dict[int, list[dict]] = {}
     for r, v in usable:
@@ -143,6 +148,9 @@ def speedups(rows: list[dict]) -> list[list[dict]]:
         base = first[(r["model"], r["pp"], r["spec"], r.get("batch"))]
         if base is not r:
             found.append(_speedup(r, base, "variant"))
+        base = pp1.get((r["model"], r["spec"], r.get("batch"), v))
+        if r["pp"] > 1 and base is not None:
+            found.append(_speedup(r, base, "pp"))
     return [out.get(id(r), []) for r in rows]
 
 
