@@ -59,8 +59,6 @@ DOCS = sorted(RESULTS.glob("*.md"))
 REMEASURE: dict[tuple[str, str], str] = {
     # bench.md's blocks of 2026-12-01: headers typed from the printed output, `--prompts N` now `--limit N`.
     # The PD pairs are quoted by pd.md and cpu-notes.md.
-    ("bench.md", "Start-up: eager vs compiled"):  # docs/findings.md and docs/cpu-notes.md: 25.6 s against 35.5 s
-        "kit bench --only-extras --startup --repeats 2 --write docs/results/bench.md",
     ("bench.md", "PD pairs"):
         'kit bench --only-extras --pd "1:none>1:none,1:mtp:2>1:mtp:2,2:mtp:2>1:mtp:2" --repeats 2 --limit 4 '
         "--max-tokens 32 --write docs/results/bench.md",
