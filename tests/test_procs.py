@@ -126,6 +126,54 @@ def test_guard_removes_the_shared_memory_a_killed_tree_left(tmp_path):
 
 
 
+_SHM_HELD = ("import time, uuid\n"
+             "from multiprocessing import resource_tracker, shared_memory\n"
+             "name = 'psm_kittest_' + uuid.uuid4().hex[:8]\n"
+             "kept = shared_memory.SharedMemory(name=name, create=True, size=1 << 20)\n"
+             "resource_tracker.unregister('/' + name, 'shared_memory')\n"
+             "print('segment', name, flush=True)\n"
+             "time.sleep(300)  # held until the whole tree is killed\n")
+
+
+def test_terminate_removes_the_shared_memory_of_a_tree_killed_with_its_guard(tmp_path):
+    """A tree SIGKILLed whole, its guard included (a fault test's kill, or terminate()'s own SIGKILL after its
+    grace while the guard still waits for the command), leaves its /dev/shm segments: the guard that would remove
+    them is dead. ManagedProcess.terminate() removes those its tree was seen holding, and leaves alone an entry
+    of the same kind that appeared meanwhile but that no process of the tree held."""
+    from kit.engine.procs import ManagedProcess
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    log = tmp_path / "tree.log"
+    mp = ManagedProcess([sys.executable, "-c", _SHM_HELD], log_path=log, name="shm holder")
+    other = f"/dev/shm/psm_kittest_other_{os.getpid()}"
+    name = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "segment" not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.1)
+        name = log.read_text().split("segment")[1].split()[0]
+        with open(other, "wb") as f:  # made while the tree runs, by no process of it, held by none
+            f.write(b"x")
+        time.sleep(1.0)  # held a while: the tree is seen holding it
+        tree = mp.tree()
+        assert any("kit.engine.guard" in " ".join(p.cmdline()) for p in tree)
+        for p in tree:  # the whole tree, guard included: nothing in it can clean up
+            p.kill()
+        psutil.wait_procs(tree, timeout=10)
+        assert os.path.exists(f"/dev/shm/{name}")  # what the killed tree left
+        mp.terminate()
+        leftover = os.path.exists(f"/dev/shm/{name}")
+        assert not leftover, f"/dev/shm/{name} was left behind by the killed tree"
+        assert os.path.exists(other), "terminate() removed an entry its tree never held"
+    finally:
+        mp.terminate()
+        for path in (other, f"/dev/shm/{name}" if name else None):
+            if path and os.path.exists(path):
+                os.unlink(path)
+
+
+
 _SEM_HOLDER = textwrap.dedent("""
     import multiprocessing as mp, os, sys
     before = set(os.listdir("/dev/shm"))

@@ -28,7 +28,7 @@ import psutil
 
 from kit.engine.guard import TREE_TMP_ENV, TREE_TMP_PREFIX
 from kit.engine.guard import command as guard_command
-from kit.engine.shm import SHM_DIR, in_use, is_vllm_shm
+from kit.engine.shm import SHM_DIR, ShmWatch, in_use, is_vllm_shm
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 T = TypeVar("T")
@@ -191,6 +191,14 @@ class ManagedProcess:
                 out.close()
         self.pid = self.popen.pid
         self.started = time.monotonic()
+        # What the tree holds in /dev/shm, recorded here too: the guard removes it when the tree ends, but a guard
+        # killed with its tree (SIGKILL of the whole tree, or terminate()'s own after its grace) cannot; then
+        # terminate() removes the recorded entries no live process uses. Looked at half as often as the guard does
+        # (vLLM's rings and its workers' semaphores are held for the whole run); not at all once the root is
+        # reaped (its process group's number may then be reused by another run).
+        self._shm = ShmWatch(lambda: [] if self.popen.returncode is not None else [p.pid for p in self.tree()],
+                             interval=2.0)
+        self._shm.start()
         self._seen: dict[int, str] = {}
         self.peak_rss: dict[str, int] = {}  # process title -> peak resident bytes seen
         _LIVE.add(self)
@@ -257,8 +265,11 @@ class ManagedProcess:
 
     # -- teardown -----------------------------------------------------------------------------
     def terminate(self, grace: float = 5.0) -> int:
-        """End the whole tree: SIGTERM, ``grace`` seconds, then SIGKILL. Returns processes killed hard."""
+        """End the whole tree: SIGTERM, ``grace`` seconds, then SIGKILL; then remove the tree's temp folder and the
+        /dev/shm entries its processes were seen holding that no live process uses (what the guard would have
+        removed, had it not been killed too). Returns processes killed hard."""
         procs = self.tree()
+        self._shm.stop()  # a last look while the tree is alive
         self._signal_group(signal.SIGTERM, procs)
         for p in procs:
             try:
@@ -279,6 +290,7 @@ class ManagedProcess:
         except subprocess.TimeoutExpired:
             pass
         shutil.rmtree(self.tmpdir, ignore_errors=True)  # also when the guard itself was killed hard
+        self._shm.remove()
         _LIVE.discard(self)
         return len(alive)
 
