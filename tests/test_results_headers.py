@@ -62,8 +62,6 @@ REMEASURE: dict[tuple[str, str], str] = {
     ("bench.md", "PD pairs"):
         'kit bench --only-extras --pd "1:none>1:none,1:mtp:2>1:mtp:2,2:mtp:2>1:mtp:2" --repeats 2 --limit 4 '
         "--max-tokens 32 --write docs/results/bench.md",
-    ("bench.md", "Whole-engine patch cost (`--patch-cost`)"):
-        "kit bench --only-extras --patch-cost --repeats 3 --limit 8 --max-tokens 512 --write docs/results/bench.md",
     # matrix.md's blocks of 2026-12-01 (the full matrix's header and command typed: no --write): docs/status.md
     # quotes them (every cell identical, equal acceptance per position at PP 1/2/4, the drafter families).
     ("matrix.md", "Full matrix"): "kit matrix --write docs/results/matrix.md",
