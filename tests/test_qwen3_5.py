@@ -70,10 +70,10 @@ def test_gdn_short_spec_steps_off_and_on(patched, no_leftovers):
     assert r.spec.num_drafts > 0 and all(len(x) == 40 for x in r.token_ids)
 
 
-def _first_divergence_with(t: Topology, num_prompts: int, patch: str, patched: bool) -> dict | None:
-    """40 tokens of ``t`` with ``patch`` on or off against the PP=1 no-spec engine; drafts must be accepted."""
+def _first_divergence_with(t: Topology, num_prompts: int, patches: tuple[str, ...], patched: bool) -> dict | None:
+    """40 tokens of ``t`` with ``patches`` on or off against the PP=1 no-spec engine; drafts must be accepted."""
     prompts = load_prompts(limit=num_prompts)
-    env = {"KIT_PATCHES": "all" if patched else f"all,-{patch}"}
+    env = {"KIT_PATCHES": ",".join(["all"] + ([] if patched else [f"-{n}" for n in patches]))}
     got = engine.generate(t, prompts, max_tokens=40, env=env, timeout=900)
     assert got.spec.num_accepted_tokens > 0
     return first_divergence(reference_for(t, prompts, 40), got)
@@ -89,8 +89,8 @@ def test_verified_tokens_computed_as_decode_steps_off_and_on(patched, no_leftove
     token's conv through the decode path's C++ kernel, and either patch alone gave identical tokens here
     (2026-12-05: 8 prompts x 40 tokens, 131-132 drafts accepted each), so the off run turns both off: the speculative
     path as vLLM ships it."""
-    patch = "cpu_gdn_spec_conv_window" if patched else "cpu_gdn_spec_conv_window,-cpu_gdn_spec_cpp_conv"
-    div = _first_divergence_with(Topology(model="tiny-qwen3_5-trained", pp=1, spec="mtp:1"), 8, patch, patched)
+    div = _first_divergence_with(Topology(model="tiny-qwen3_5-trained", pp=1, spec="mtp:1"), 8,
+                                 ("cpu_gdn_spec_conv_window", "cpu_gdn_spec_cpp_conv"), patched)
     if patched:
         assert div is None, div
     else:
@@ -105,7 +105,7 @@ def test_pp2_mtp_accepted_drafts_continue_from_the_right_state_off_and_on(patche
     layers continued from the state after the first verified token (trained weights: wrong tokens, not a tie).
     With the count kept, PP=2 MTP is token-identical to the PP=1 no-spec engine."""
     div = _first_divergence_with(Topology(model="tiny-qwen3_5-trained", pp=2, spec="mtp:2"), 4,
-                                 "pp_spec_hybrid_accepted_count", patched)
+                                 ("pp_spec_hybrid_accepted_count",), patched)
     if patched:
         assert div is None, div
     else:
