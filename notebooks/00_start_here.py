@@ -29,7 +29,7 @@
 # |---|---|
 # | `00_start_here` (this one) | does PP=2 + MTP give the reference's tokens, and what breaks without the patches? |
 # | `01_drafter_placement` | where do layers, drafter, embedding, LM head and KV cache live at PP=2 and PP=4? |
-# | `02_layer_types_fix` | why must an Eagle3 drafter index `layer_types` with the *total* layer count? |
+# | `02_layer_types_fix` | what does the per-rank layer count break in an Eagle3 draft layer's name? |
 # | `03_draft_acceptance` | how many drafts are accepted per position, at PP=1 and PP=2? |
 # | `04_pd_kv_handoff` | what moves from producer to consumer, and are the tokens still right? |
 # | `05_does_it_pay` | when does speculation pay, at PP=1 and PP=2 (the break-even acceptance rate a\*)? |

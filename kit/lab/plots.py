@@ -57,44 +57,89 @@ def token_match(reference: list[list[int]], got: list[list[int]], title: str = "
     return fig
 
 
-def eagle3_name_grid(by_count: dict[str, dict[int, list[dict]]], title: str = "Layer names per PP rank"):
-    """Side by side, one panel per count ("total", "per_rank"): a row per (PP size, rank), a box per
+# Attention kinds as the layer grids draw them: one marker shape each, with its legend text.
+KIND_SHAPES = {"sliding_attention": ("square", "sliding-window attention"), "full_attention": ("circle", "full attention")}
+# The layer grids' colours: which layer a marker is.
+NAME_ROLES = {"target layer": "#3182bd", "draft layer": "#e6550d", "draft layer, name taken on its rank": "#de2d26",
+              "draft layer, name of a target layer on another rank": "#756bb1"}
+
+
+def attention_kind(sliding_window) -> str:
+    """``layer_types``' word for a built attention layer: ``sliding_attention`` when it has a window, else
+    ``full_attention``."""
+    return "sliding_attention" if sliding_window else "full_attention"
+
+
+def eagle3_name_grid(by_count: dict[str, dict[int, list[dict]]], title: str = "Layer names per PP rank",
+                     layer_types: list[str] | None = None, draft_layer_type: str | None = None,
+                     panel_titles: list[str] | None = None):
+    """Side by side, one panel per count ("total", "per_rank"): a row per (PP size, rank), a marker per
     attention layer name; target layers blue, the draft layer orange, a draft name that clashes with a
-    target layer on its rank red, one that a target layer on another rank also has purple. ``by_count[count][pp]`` is :func:`kit.checks.placement.eagle3_layer_names` output."""
+    target layer on its rank red, one that a target layer on another rank also has purple. ``by_count[count][pp]`` is
+    :func:`kit.checks.placement.eagle3_layer_names` output. With ``layer_types`` (the target's, by layer index) and
+    ``draft_layer_type`` (the draft layer's), each marker's shape is its attention kind (:data:`KIND_SHAPES`:
+    sliding-window a square, full a circle). Two legends under the panels: colour (which layer), shape (kind)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     counts = list(by_count)
-    fig = make_subplots(rows=1, cols=len(counts), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"draft numbered after the {c.replace('_', '-')} count" for c in counts])
-    seen = set()
-    for col, count in enumerate(counts, start=1):
+    panels = {}
+    for count in counts:
+        panels[count] = []
         for pp, ranks in by_count[count].items():
             for r in ranks:
                 y = f"PP={pp} rank {r['pp_rank']}"
-                boxes = [(n, "target layer", "#3182bd") for n in r["target"]]
-                if r["draft"]:
-                    if r["clash"]:
-                        boxes.append((r["draft"], "draft layer, name taken on its rank", "#de2d26"))
-                    elif r.get("elsewhere") is not None:
-                        boxes.append((r["draft"], "draft layer, name of a target layer on another rank", "#756bb1"))
-                    else:
-                        boxes.append((r["draft"], "draft layer", "#e6550d"))
-                for name, kind, color in boxes:
+                for name in r["target"]:
                     idx = int(name.split(".")[2])
-                    x = idx + (0.0 if kind == "target layer" else 0.25)
-                    fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text", text=[f"L{idx}"],
-                                             textposition="middle center", name=kind, legendgroup=kind,
-                                             showlegend=kind not in seen,
-                                             marker=dict(size=30, color=color, symbol="square",
-                                                         line=dict(width=2 if "taken" in kind else 0, color="black")),
-                                             textfont=dict(color="white"),
-                                             hovertext=f"{y}: {name} ({kind})", hoverinfo="text"), row=1, col=col)
-                    seen.add(kind)
-        fig.update_xaxes(title_text="layer index in the name: model.layers.i", dtick=1, row=1, col=col)
+                    kind = layer_types[idx] if layer_types and idx < len(layer_types) else None
+                    panels[count].append((y, name, idx, float(idx), "target layer", kind))
+                if r["draft"]:
+                    role = ("draft layer, name taken on its rank" if r["clash"] else
+                            "draft layer, name of a target layer on another rank" if r.get("elsewhere") is not None
+                            else "draft layer")
+                    idx = int(r["draft"].split(".")[2])
+                    panels[count].append((y, r["draft"], idx, idx + 0.3, role, draft_layer_type))
+    max_x = max((b[3] for boxes in panels.values() for b in boxes), default=0.0)
+    fig = make_subplots(rows=1, cols=len(counts), shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=panel_titles or [f"draft numbered after the {c.replace('_', '-')} count"
+                                                        for c in counts])
+    for col, count in enumerate(counts, start=1):
+        for y, name, idx, x, role, kind in panels[count]:
+            symbol, kind_text = KIND_SHAPES.get(kind, ("square", None))
+            fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers+text", text=[f"L{idx}"], textposition="middle center",
+                                     legendgroup=role, showlegend=False, cliponaxis=False,
+                                     marker=dict(size=30, color=NAME_ROLES[role], symbol=symbol,
+                                                 line=dict(width=2 if "taken" in role else 0, color="black")),
+                                     textfont=dict(color="white"),
+                                     hovertext=f"{y}: {name} ({role}{', ' + kind_text if kind_text else ''})",
+                                     hoverinfo="text"), row=1, col=col)
+        fig.update_xaxes(title_text="layer index in the name: model.layers.i", dtick=1, range=[-0.5, max_x + 0.5],
+                         row=1, col=col)
+    # Legend-only entries: the colours (clicking one hides those markers) and, in grey, the shapes.
+    used = {b[4] for boxes in panels.values() for b in boxes}
+    for role, color in NAME_ROLES.items():
+        if role in used:
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=role, legendgroup=role,
+                                     marker=dict(size=14, color=color, symbol="square")))
+    kinds = {b[5] for boxes in panels.values() for b in boxes}
+    for kind, (symbol, kind_text) in KIND_SHAPES.items():
+        if kind in kinds:
+            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=kind_text, legend="legend2",
+                                     marker=dict(size=14, color="#737373", symbol=symbol)))
     fig.update_yaxes(autorange="reversed")
-    n_rows = sum(len(v) for v in next(iter(by_count.values())).values())
-    fig.update_layout(title=title, height=140 + 38 * n_rows, legend=dict(orientation="h", y=-0.15))
+    rows = list(dict.fromkeys(b[0] for boxes in panels.values() for b in boxes))  # the y categories, in order
+    for i in range(1, len(rows)):  # a thin line where one PP size's rows end and the next one's begin
+        if rows[i].split()[0] != rows[i - 1].split()[0]:
+            fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=i - 0.5, y1=i - 0.5,
+                          line=dict(color="#969696", width=1), layer="below")
+    plot_h = 44 * len(rows) + 20
+    # Legends placed in pixels below the plot area (paper units scale with the figure's height).
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left"), height=plot_h + 80 + 135,
+                      margin=dict(t=80, b=135, l=110, r=20),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=-60 / plot_h, yanchor="top",
+                                  title_text="colour:"),
+                      legend2=dict(orientation="h", x=0, xanchor="left", y=-100 / plot_h, yanchor="top",
+                                   title_text="shape:"))
     return fig
 
 

@@ -27,8 +27,9 @@ def _needed() -> "bool | str":
 PATCH = Patch(
     name=NAME,
     summary="Eagle3 target_layer_num from the total layer count, not the per-rank count (report only)",
-    why=("Eagle3 drafters used the per-rank layer count as the target's layer count, so layer_types indexing "
-         "was wrong under PP. Detected from llama_eagle3's code."),
+    why=("Eagle3 drafters used the per-rank layer count as the target's layer count, so under PP the draft "
+         "layer was named after a target layer (model.layers.<per-rank count>): a clash on the last rank, or a "
+         "name whose layer_types entry is another layer's kind. Detected from llama_eagle3's code."),
     upstream="vLLM PR #46003",
     target="vLLM < 0.32 (fixed in 0.32.0)",
     symbols=(),
