@@ -39,7 +39,7 @@ kit.lab.notebook.setup()
 
 # %%
 from kit import pd
-from kit.lab import plots
+from kit.lab import pd_plots
 from kit.checks.compare import load_prompts
 
 producer, consumer = pd.pd_topologies(MODEL, PRODUCER_PP, PRODUCER_SPEC, CONSUMER_PP, CONSUMER_SPEC,
@@ -48,16 +48,16 @@ connector, reason = pd.choose_connector(producer, consumer)
 print("producer :", producer.label())
 print("consumer :", consumer.label())
 print("connector:", connector, "-", reason)
-print("KV layers that move:", pd.kv_layers_moved(producer, consumer))
-# Which producer rank sends which of them: each stage holds its own layers (vLLM's get_pp_indices), and the MTP
-# layer (named after all target layers) sits with the drafter on the last stage.
+moved = pd.kv_layers_moved(producer, consumer)
+print("KV layers that move:", moved)
+# Which producer rank sends which of them: each stage holds its own layers (vLLM's get_pp_indices, what its workers
+# use), and the MTP layer (named after all target layers) sits with the drafter on the last stage.
 from vllm.distributed.utils import get_pp_indices
 n_target = producer.info.num_layers
+mtp_name = f"model.layers.{n_target}"
+owners = pd_plots.layer_owners(moved, n_target, producer.pp, get_pp_indices)
 for rank in range(producer.pp):
-    lo, hi = get_pp_indices(n_target, rank, producer.pp)
-    own = [n for n in pd.kv_layers_moved(producer, consumer)
-           if lo <= int(n.split(".")[2]) < hi or (rank == producer.pp - 1 and int(n.split(".")[2]) >= n_target)]
-    print(f"  producer rank {rank} sends:", own)
+    print(f"  producer rank {rank} sends:", [n for n in moved if owners[n] == rank])
 
 # %% [markdown]
 # **Which layers move:** the target's decoder layers `model.layers.0..L-1` from *every* producer PP rank (each
@@ -90,52 +90,80 @@ import pandas as pd_
 rows = []
 for r, exp in zip([x for x in d["requests"] if not x["error"]], d["kv_expected"]["per_request"]):
     rows.append({"prompt": r["index"], "prompt tokens": r["prompt_tokens"], "blocks": -(-r["prompt_tokens"] // d["kv_expected"]["block_size"]),
+                 "producer block ids": pd_plots.producer_blocks(r["kv_transfer_params"]),
                  "KV bytes measured": r["kv_bytes_transferred"], "KV bytes expected": exp,
                  "consumer computed": r["consumer_prefill_tokens_computed"],
                  "producer prefill s": r["producer_prefill_s"], "consumer s": r["consumer_s"]})
 table = pd_.DataFrame(rows).set_index("prompt")
 display(table)
 
-# %%
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-# Two-line subplot titles and a wide gap: on one line the two titles ran into each other.
-fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
-                    subplot_titles=("KV bytes per request:<br>measured vs model shape",
-                                    "each request's timeline<br>(s, measured by the router)"))
-fig.add_trace(go.Bar(x=table.index, y=table["KV bytes measured"], name="measured (connector)"), row=1, col=1)
-fig.add_trace(go.Bar(x=table.index, y=table["KV bytes expected"], name="expected (shape)"), row=1, col=1)
-colors = {"producer prefill": "#3182bd", "consumer: KV in + first token": "#e6550d", "consumer decode": "#31a354",
-          "consumer: KV in + decode": "#fd8d3c"}
-shown = set()
-for r in d["timings"]["per_request"]:
-    pre, cons = r["producer_prefill_s"], r["consumer_s"]
-    # Time to the consumer's first token (the KV handoff is in it): the client's clock when streaming, else the
-    # server's per-request metric; without either, the consumer's call is one segment.
-    ttft = r["consumer_ttft_s"] or ((r["consumer_ttft_server_ms"] or 0) / 1000) or None
-    steps = [("producer prefill", 0.0, pre)] + (
-        [("consumer: KV in + first token", pre, ttft), ("consumer decode", pre + ttft, cons - ttft)] if ttft
-        else [("consumer: KV in + decode", pre, cons)])
-    for name, start, dur in steps:
-        fig.add_trace(go.Bar(y=[f"request {r['index']}"], x=[dur], base=[start], orientation="h", name=name,
-                             marker_color=colors[name], legendgroup=name, showlegend=name not in shown, offsetgroup="timeline",
-                             hovertemplate=f"{name}: %{{x:.3f}} s<extra></extra>"), row=1, col=2)
-        shown.add(name)
-fig.update_layout(barmode="group", height=420, margin=dict(t=110),
-                  title=f"{producer.label()}  ->  {consumer.label()}  ({d['connector_class']})",
-                  legend=dict(orientation="h", y=-0.18))
-fig.update_yaxes(autorange="reversed", row=1, col=2)
-fig.show()
-
 # %% [markdown]
-# **What it shows:** left, for every request the bytes the connector reports moving equal what the model's shape
-# predicts (moved layers x whole blocks x block size x KV heads x head size x 2 for K and V x 4 bytes in float32):
-# nothing is missing, nothing extra. Right, each request as the router timed it: the producer computes the prompt
-# and its first token; the consumer then pulls (or is pushed) the blocks and decodes the rest (it computed none of
-# the prompt itself), split at its first token where that time was measured.
+# ### Which producer rank wrote which of the consumer's blocks
+# The consumer's KV cache as the connector filled it, one cell per layer and block: a row per KV layer of the
+# consumer (on this CPU build each layer's cache is one NIXL memory region; the MTP layer's region is the last row),
+# a column per prompt block of each request, in order (the whole blocks the connector moves), and each cell in the
+# colour of the producer PP rank that wrote it. Which rank holds which layer is vLLM's own split (`get_pp_indices`,
+# printed above); each cell's source block on the producer comes from the `kv_transfer_params` the producer returned
+# (`remote_block_ids`: under each column, and in the table above). One producer block id can come back for several
+# requests: they run one after another, and the producer frees a request's blocks once the consumer has them, so the
+# next request is given the same block. The consumer's own block ids are not drawn: neither server reports them (they
+# travel only inside the connector's registration message), so a column is named by its request and the block's place
+# in the prompt.
+
+# %%
+from IPython.display import Markdown
+consumer_layers = pd.kv_layer_names(consumer)
+sent = pd_plots.block_layout(d, consumer_layers, owners, mtp_name)
+n_blocks = len(sent["columns"])
+pd_plots.kv_block_layout(
+    {f"{producer.label()} -> {consumer.label()}": sent},
+    title=f"The consumer's KV blocks, by the producer rank that wrote them ({n_blocks} blocks of "
+          f"{sent['block_size']} tokens, {d['connector_class']})").show()
+display(Markdown(
+    f"**This run:** {len(consumer_layers)} consumer KV layers x {n_blocks} prompt blocks of {sent['block_size']} tokens "
+    f"({sent['bytes_per_cell']:,} B per layer per block). Producer " + "; producer ".join(
+        f"rank {k} wrote {', '.join(pd_plots.short(n, mtp_name) for n in v)}: {len(v)} layers x {n_blocks} "
+        f"blocks = {sent['rank_bytes'][k]:,} B" for k, v in sent["rank_layers"].items())
+    + f". Together {sent['total_bytes']:,} B; the connector reported {d['kv_bytes_transferred']:,} B in "
+      f"{d['kv_transfers']} transfers for {len(d['kv_expected']['blocks'])} requests."))
 
 # %%
 from kit.lab.notebook import claim
+def holders(name, prod):
+    """The producer ranks whose share of the model holds this KV layer: vLLM's split of the target layers, and the
+    MTP layer with the drafter on the last rank (a producer without the drafter has none)."""
+    i = pd_plots.layer_index(name)
+    return [r for r in range(prod.pp) if get_pp_indices(n_target, r, prod.pp)[0] <= i < get_pp_indices(n_target, r, prod.pp)[1]
+            or (i >= n_target and prod.spec is not None and r == prod.pp - 1)]
+claim(all(holders(n, producer) == [sent["writer"][n]] for n in consumer_layers),
+      f"each of the consumer's {len(consumer_layers)} KV layers in the picture was written by exactly the one producer "
+      f"rank that holds it: " + "; ".join(f"rank {k}: {', '.join(pd_plots.short(n, mtp_name) for n in v)}"
+                                          for k, v in sent["rank_layers"].items()),
+      {n: (holders(n, producer), sent["writer"][n]) for n in consumer_layers})
+claim(n_blocks == sum(-(-r["prompt_tokens"] // sent["block_size"]) for r in d["requests"] if not r["error"])
+      and sent["total_bytes"] == d["kv_bytes_transferred"],
+      f"the picture's {len(consumer_layers)} x {n_blocks} cells of {sent['bytes_per_cell']:,} B are the "
+      f"{d['kv_bytes_transferred']:,} B the connector moved", (sent["total_bytes"], d["kv_bytes_transferred"]))
+claim(d["kv_transfers"] == len(sent["rank_layers"]) * len(d["kv_expected"]["blocks"]),
+      f"the connector counted {d['kv_transfers']} transfers for {len(d['kv_expected']['blocks'])} requests: one per "
+      f"request from each of the {len(sent['rank_layers'])} producer ranks", d["kv_transfers"])
+
+# %%
+pd_plots.request_timeline(d["timings"]["per_request"],
+                          title=f"{producer.label()} -> {consumer.label()}: each request's timeline "
+                                "(s, measured by the router)").show()
+
+# %% [markdown]
+# **What it shows:** the picture has no gap and no overlap: every consumer KV layer was written by one producer rank,
+# the one that holds the layer, in every prompt block of every request, and the cells add up to the bytes the
+# connector reported (the table above has them per request: measured = what the model's shape predicts, moved layers
+# x whole blocks x block size x KV heads x head size x 2 for K and V x 4 bytes in float32). With push (a PP>1
+# producer) each rank writes its own layers in a transfer of its own, so the connector counts one transfer per rank
+# per request. The timeline: the producer computes the prompt and its first token; the consumer then receives the
+# blocks (pushed, or pulled with the pull connector) and decodes the rest (it computed none of the prompt itself),
+# split at its first token where that time was measured.
+
+# %%
 claim(d["identical"], f"the consumer's {sum(len(t) for t in reference.token_ids)} tokens are the plain engine's",
       d["first_divergence"])
 claim(d["consumer_prefill_tokens_computed"] == 0,
@@ -170,14 +198,9 @@ print("consumer :", a["consumer"])
 print("colocated:", a["colocated"])
 print("accepted drafts equal (total and per position):", a["accepted_equal"],
       "| extra verify rounds on the consumer:", a["extra_draft_rounds"], "for", a["requests"], "requests")
-k = len(a["consumer"]["per_position"])
-fig2 = go.Figure()
-for name, c in (("PD consumer", a["consumer"]), ("colocated engine", a["colocated"])):
-    fig2.add_trace(go.Bar(x=[f"draft position {i + 1}" for i in range(k)] + ["verify rounds"],
-                          y=list(c["per_position"]) + [c["num_drafts"]], name=name))
-fig2.update_layout(barmode="group", height=360, yaxis_title="count",
-                   title="accepted drafts per position, and verify rounds: PD consumer vs one engine")
-fig2.show()
+pd_plots.draft_counts({"PD consumer": a["consumer"], "colocated engine": a["colocated"]},
+                      [dict(color=pd_plots.CONSUMER), dict(color=pd_plots.ENGINE)],
+                      title="accepted drafts per position, and verify rounds: PD consumer vs one engine").show()
 
 # %% [markdown]
 # **What it shows:** the accepted drafts are the same at every draft position — the drafter on the consumer
@@ -194,7 +217,6 @@ claim(a["accepted_equal"], f"the consumer accepted the same drafts per position 
 claim(a["colocated_tokens_identical_to_reference"], "the colocated engine's tokens are the reference's")
 claim(0 <= a["extra_draft_rounds"] <= a["requests"],
       f"{a['extra_draft_rounds']} extra verify rounds on the consumer for {a['requests']} requests: at most one each", a)
-from IPython.display import Markdown
 display(Markdown(
     f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens, {producer.label()} -> {consumer.label()}): "
     f"the consumer ran {a['extra_draft_rounds']} more verify rounds than the colocated engine for "
@@ -217,8 +239,8 @@ display(Markdown(
 #
 # The last rank: the MTP layer lives with the drafter there, so its KV is written there and leaves from there.
 # In this run none: the producer has no MTP layer, so nothing is written or sent for it; the consumer's MTP layer
-# reads blocks nobody filled. The picture after the run shows both runs layer by layer, and the cell under it checks
-# both answers.
+# reads blocks nobody filled. The block picture after the run shows both runs side by side, and the cell under it
+# checks both answers.
 # </details>
 
 # %%
@@ -236,13 +258,10 @@ print("consumer accepted with the MTP layer's KV   :", with_kv["num_accepted_tok
       "in", with_kv["num_drafts"], "rounds")
 print("consumer accepted without the MTP layer's KV:", without_kv["num_accepted_tokens"], without_kv["per_position"],
       "in", without_kv["num_drafts"], "rounds")
-fig3 = go.Figure()
-for name, c in (("MTP layer's KV sent", with_kv), ("MTP layer's KV withheld", without_kv)):
-    fig3.add_trace(go.Bar(x=[f"draft position {i + 1}" for i in range(k)] + ["verify rounds"],
-                          y=list(c["per_position"]) + [c["num_drafts"]], name=name))
-fig3.update_layout(barmode="group", height=360, yaxis_title="count",
-                   title="PD consumer's drafter with and without the MTP layer's prompt KV")
-fig3.show()
+# The withheld run hatched, as the consumer's unwritten MTP region is in the block picture below.
+pd_plots.draft_counts({"MTP layer's KV sent": with_kv, "MTP layer's KV withheld": without_kv},
+                      [dict(color=pd_plots.CONSUMER), pd_plots.hatched(pd_plots.CONSUMER)],
+                      title="PD consumer's drafter with and without the MTP layer's prompt KV").show()
 
 # %% [markdown]
 # **What it shows:** the tokens stay identical — the target model's KV all arrived, and speculative decoding
@@ -252,36 +271,43 @@ fig3.show()
 # the layers that must move, and why vLLM's handshake refuses a producer whose MTP configuration differs.
 
 # %% [markdown]
-# ## The KV that moved, layer by layer
-# Each run's moved layers, a bar per layer coloured by the producer rank that holds it (vLLM's `get_pp_indices`
-# split; the MTP layer on the last rank, outlined red). A layer's bar is every request's whole blocks times one
-# layer's block bytes (block size and prompt lengths as the servers reported them); the bars of a run add up to the
-# bytes the connector reported moving, which the cell below checks.
+# ## The KV that moved, block by block
+# Both runs in the block picture of the first section, side by side: the same consumer KV layers (rows) and prompt blocks
+# (columns), each cell in the colour of the producer rank that wrote it. In the withheld run the producer has no MTP
+# layer, so no rank holds it and nothing is written into the consumer's MTP region: that row is hatched white ("not
+# written" in the legend). The cell below checks each panel against the model's shape and the connector's bytes.
 
 # %%
-mtp_name = f"model.layers.{producer.info.num_layers}"
-def layer_bytes(run, prod):
-    e = run["kv_expected"]
-    per_layer = sum(e["blocks"]) * e["bytes_per_layer_block"]
-    ranks = {}
-    for n in e["layers"]:
-        i = int(n.split(".")[2])
-        ranks[n] = next((r for r in range(prod.pp) if get_pp_indices(n_target, r, prod.pp)[0] <= i
-                         < get_pp_indices(n_target, r, prod.pp)[1]), prod.pp - 1)   # past the target: the MTP layer
-    return {"layers": {n: per_layer for n in e["layers"]}, "rank": ranks, "mtp": mtp_name}
-per_layer = {f"MTP layer's KV sent ({producer.label()})": layer_bytes(d, producer),
-             f"withheld ({no_mtp_producer.label()})": layer_bytes(w, no_mtp_producer)}
-plots.kv_bytes_per_layer(per_layer, title=f"KV bytes per layer, by the producer rank that sent them "
-                         f"({NUM_PROMPTS} prompts)").update_layout(meta="main").show()
+withheld = pd_plots.block_layout(
+    w, pd.kv_layer_names(mtp_consumer),
+    pd_plots.layer_owners(w["kv_expected"]["layers"], n_target, no_mtp_producer.pp, get_pp_indices), mtp_name)
+pd_plots.kv_block_layout(
+    {f"MTP layer's KV sent<br>({producer.label()})": sent, f"withheld<br>({no_mtp_producer.label()})": withheld},
+    title=f"The consumer's KV blocks, by the producer rank that wrote them ({NUM_PROMPTS} prompts)",
+).update_layout(meta="main").show()
+display(Markdown(
+    f"**This run:** with the MTP layer's KV sent, {len(sent['layers']) - len(sent['unwritten'])} of "
+    f"{len(sent['layers'])} consumer KV layers were written ({sent['total_bytes']:,} B); withheld, "
+    f"{len(withheld['layers']) - len(withheld['unwritten'])} of {len(withheld['layers'])} "
+    f"({withheld['total_bytes']:,} B), the unwritten one " + ", ".join(pd_plots.short(n, mtp_name) for n in withheld["unwritten"])
+    + ". Withheld, " + "; ".join(f"producer rank {k} wrote {', '.join(pd_plots.short(n, mtp_name) for n in v)} "
+                                 f"({withheld['rank_bytes'][k]:,} B)" for k, v in withheld["rank_layers"].items()) + "."))
 
 # %%
-sent, withheld = per_layer.values()
-claim(sum(sent["layers"].values()) == d["kv_bytes_transferred"] and sum(withheld["layers"].values()) == w["kv_bytes_transferred"],
-      f"the per-layer bars add up to the connector's bytes: {d['kv_bytes_transferred']:,} and {w['kv_bytes_transferred']:,}")
+claim(all(holders(n, no_mtp_producer) == ([withheld["writer"][n]] if withheld["writer"][n] is not None else [])
+          for n in withheld["layers"]),
+      f"in the withheld run too each consumer KV layer was written by the one producer rank that holds it, and a layer no "
+      f"rank holds by nobody: {', '.join(pd_plots.short(n, mtp_name) for n in withheld['unwritten'])} unwritten",
+      {n: (holders(n, no_mtp_producer), withheld["writer"][n]) for n in withheld["layers"]})
+claim(sent["total_bytes"] == d["kv_bytes_transferred"] and withheld["total_bytes"] == w["kv_bytes_transferred"],
+      f"each panel's cells add up to the connector's bytes: {d['kv_bytes_transferred']:,} and {w['kv_bytes_transferred']:,}",
+      ((sent["total_bytes"], d["kv_bytes_transferred"]), (withheld["total_bytes"], w["kv_bytes_transferred"])))
 if producer.spec and consumer.spec:
-    claim(sent["rank"].get(mtp_name) == producer.pp - 1,
-          f"the MTP layer's KV ({sent['layers'][mtp_name]:,} B) was sent by the last producer rank, {producer.pp - 1}")
-claim(withheld["layers"].get(mtp_name, 0) == 0, "in the withheld run no byte moved for the MTP layer")
+    claim(sent["writer"].get(mtp_name) == producer.pp - 1,
+          f"the MTP layer's KV ({n_blocks} blocks x {sent['bytes_per_cell']:,} B) was written by the last producer rank, "
+          f"{producer.pp - 1}")
+claim(withheld["unwritten"] == [mtp_name], f"in the withheld run nothing was written for the MTP layer only ({mtp_name})",
+      withheld["unwritten"])
 claim(w["identical"], "withholding the MTP layer's KV leaves the tokens unchanged", w["first_divergence"])
 claim(w["handoff_ok"], "the withheld run's handoff checks pass", w["handoff_checks"])
 claim(mtp_name not in w["kv_expected"]["layers"], "the MTP layer is not among the withheld run's moved layers")

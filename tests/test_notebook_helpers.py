@@ -52,15 +52,6 @@ def test_steptrace_merge_names_requests_and_groups_steps():
     assert len(fig.layout.annotations) == 0  # no later step of r0 in the window: no arrow
 
 
-def test_kv_bytes_per_layer_draws_an_empty_mtp_slot():
-    fig = plots.kv_bytes_per_layer({
-        "sent": {"layers": {"model.layers.0": 10, "model.layers.1": 10}, "rank": {"model.layers.0": 0, "model.layers.1": 1},
-                 "mtp": "model.layers.1"},
-        "withheld": {"layers": {"model.layers.0": 10}, "rank": {"model.layers.0": 0}, "mtp": "model.layers.1"}})
-    ys = [(t.x[0], t.y[0]) for t in fig.data]
-    assert ys == [("layers.0", 10), ("layers.1 (MTP)", 10), ("layers.0", 10), ("layers.1 (MTP)", 0)]
-
-
 def _doctor_info(failures=None):
     return {"python": "3.11.7", "cores": 2, "memory_gib": 23.5, "torch": "2.13.0+cpu", "cpu_capability": "AVX512",
             "vllm": "0.32.0", "device": "cpu", "patch_selection": "all", "patch_failures": failures or {},

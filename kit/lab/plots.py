@@ -377,37 +377,6 @@ def step_swimlane(events: list[dict], pp: int, steps: list[int] | None = None,
     return fig
 
 
-def kv_bytes_per_layer(runs: dict[str, dict], title: str = "KV bytes per layer, by the producer rank that sent them"):
-    """``runs[label]``: ``{"layers": {name: bytes}, "rank": {name: producer rank}, "mtp": name or None}``. One panel
-    per run, a bar per layer coloured by the sending rank; the MTP layer's slot is outlined red (an empty,
-    outlined slot when nothing was sent for it)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=1, cols=len(runs), shared_yaxes=True, subplot_titles=list(runs), horizontal_spacing=0.04)
-    shown = set()
-    for col, (label, run) in enumerate(runs.items(), start=1):
-        names = list(run["layers"])
-        if run.get("mtp") and run["mtp"] not in names:
-            names.append(run["mtp"])
-        for n in names:
-            b = run["layers"].get(n, 0)
-            rank = run["rank"].get(n)
-            is_mtp = n == run.get("mtp")
-            legend = f"sent by producer rank {rank}" if rank is not None else "not sent"
-            fig.add_trace(go.Bar(x=[n.replace("model.", "") + (" (MTP)" if is_mtp else "")], y=[b if b else 0],
-                                 marker=dict(color=REQ_COLORS[rank % len(REQ_COLORS)] if rank is not None else "#ffffff",
-                                             line=dict(color="#de2d26" if is_mtp else "#ffffff", width=3 if is_mtp else 0)),
-                                 name=legend, legendgroup=legend, showlegend=legend not in shown,
-                                 text=[f"{b:,}" if b else "0"], textposition="outside",
-                                 hovertext=f"{label}: {n}, {b:,} bytes" + (f" from rank {rank}" if rank is not None else ""),
-                                 hoverinfo="text"), row=1, col=col)
-            shown.add(legend)
-    fig.update_yaxes(title_text="bytes (all requests)", row=1, col=1)
-    fig.update_layout(title=title, height=400, barmode="overlay", legend=dict(orientation="h", y=-0.25))
-    return fig
-
-
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1}
 
 
