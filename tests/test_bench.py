@@ -198,3 +198,25 @@ def test_five_engines_per_row_by_default():
     sub = argparse.ArgumentParser().add_subparsers()
     register(sub)
     assert sub.choices["bench"].parse_args([]).repeats == 5
+
+
+def test_a_layer_split_row_is_compared_with_the_even_split_and_with_pp1(capsys, tmp_path):
+    """``--layer-partition`` rows ("[layers 5-3]") get a variant speed-up over the even split of the same PP and a
+    "pp" speed-up over the plain PP=1 row (a split has no PP=1 twin)."""
+    lines = []
+    for rep in range(5):
+        for label, pp, tok_s in (("pp1 mtp:2", 1, TIGHT[rep]), ("pp2 mtp:2", 2, 0.8 * TIGHT[rep]),
+                                 ("pp2 mtp:2 [layers 5-3]", 2, 0.96 * TIGHT[rep])):
+            rec = _record("m", pp, 2, 8, tok_s, 2.5, 0.01, 0.008, 0.001)
+            lines.append({**rec, "topology": f"{label} b8", "components": None})
+    p = tmp_path / "runs.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert main(["bench", "--quiet", "--from-runs", str(p), "--json"]) == 0
+    rows = {r["topology"]: r for r in json.loads(capsys.readouterr().out.strip().splitlines()[-1])}
+    got = [(s["kind"], s["over"], round(s["median"], 2)) for s in rows["pp2 mtp:2 [layers 5-3] b8"]["speedups"]]
+    assert got == [("variant", "pp2 mtp:2 b8", 1.2), ("pp", "pp1 mtp:2 b8", 0.96)]
+
+
+def test_a_layer_split_for_no_pp_of_the_grid_is_bad_input(capsys):
+    assert main(["bench", "--pp", "1,2", "--spec", "none", "--layer-partition", "3,2,2,1"]) == 2
+    assert "--layer-partition 3,2,2,1: no --pp size of the grid has 4 stages" in capsys.readouterr().err

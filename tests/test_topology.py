@@ -245,3 +245,28 @@ def test_two_runs_writing_one_random_checkpoint_do_not_replace_each_others(tmp_p
     assert run_b.wait(60) == 0
     assert (out / "model.safetensors").stat().st_ino == loaded, "run b replaced the checkpoint run a returned"
     assert not [p.name for p in out.parent.iterdir() if ".tmp" in p.name]
+
+
+def test_a_layer_partition_reaches_every_process_and_the_label():
+    from kit.core.topology import PARTITION_ENV
+
+    t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:2", layer_partition="3,1")
+    assert t.layer_partition == (3, 1) and t.env()[PARTITION_ENV] == "3,1" and t.label().endswith("/layers3-1")
+    assert t.reference().layer_partition is None and PARTITION_ENV not in t.reference().env()
+    assert PARTITION_ENV not in t.with_(layer_partition=None).env()        # None: vLLM's even split, nothing set
+    two = t.with_(nodes=2)
+    for backend in ("mp", "ray"):
+        assert all(c.env[PARTITION_ENV] == "3,1" for c in two.with_(backend=backend).node_plan(8000, 29501))
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(pp=2, layer_partition="2,1"), "must give each of the pp=2 stages at least one layer and sum to the model's 4"),
+    (dict(pp=2, layer_partition="4,0"), "at least one layer"),
+    (dict(pp=2, layer_partition="1,1,2"), "pp=2 stages"),
+    (dict(pp=2, layer_partition="3,x"), "wants whole numbers of layers per stage like 5,3, got '3,x'"),
+    (dict(pp=1, layer_partition="4"), "layer_partition needs pp > 1"),
+])
+def test_bad_layer_partitions_are_refused_in_one_line(kwargs, fragment):
+    with pytest.raises(TopologyError, match=fragment) as e:
+        Topology(model=MODEL, random_weights=True, **kwargs)
+    assert "\n" not in str(e.value)

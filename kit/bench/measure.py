@@ -20,6 +20,7 @@ from typing import TypeVar
 
 # aggregate and payoff_rows are also imported from here (notebook 05).
 from kit.bench.table import (  # noqa: F401
+    LAYERS_VARIANT,
     TABLE_HEAD,
     _describe,
     aggregate,
@@ -48,7 +49,7 @@ from kit.core.results import (
     versions,
     write_block,
 )
-from kit.core.topology import Topology, TopologyError
+from kit.core.topology import Topology, TopologyError, parse_partition
 from kit.core.validate import arg_count, check_counts, check_max_tokens
 from kit.engine import SEPARATE_ENGINE_CORE_ENV
 from kit.engine import run as run_engine
@@ -274,6 +275,9 @@ def register(sub) -> None:
     p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[;KEY=VALUE]",
                    help="also run every grid row with this environment, labelled [LABEL], interleaved with the rows "
                         "without it, e.g. 'off:KIT_PATCHES=all,-pp_microbatches' (a patch off and on side by side)")
+    p.add_argument("--layer-partition", action="append", default=[], metavar="N,N[,...]",
+                   help="also run each grid row whose PP has this many stages with these decoder layers per stage "
+                        "(Topology.layer_partition, vLLM's VLLM_PP_LAYER_PARTITION), labelled [layers N-N]; repeatable")
     p.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
     p.add_argument("--write", default=None, metavar="FILE",
                    help="also write the table into FILE (e.g. docs/results/bench.md), replacing this command's block")
@@ -300,6 +304,19 @@ def register(sub) -> None:
                    help="append every engine run to FILE (JSONL), for --from-runs")
     p.add_argument("--from-runs", default=None, metavar="FILE[@MODEL][,...]",
                    help="start no engine: merge the runs saved with --save-runs into one table (FILE@MODEL: only that model's runs from FILE)")
+
+
+def _num_layers(records: list[dict]) -> dict[str, int]:
+    """Decoder layers of each model the records name (the ones the kit resolves)."""
+    from kit.core.models import ModelError, resolve_model
+
+    out = {}
+    for name in {r["model"] for r in records}:
+        try:
+            out[name] = resolve_model(name).num_layers
+        except ModelError:
+            pass
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -340,12 +357,19 @@ def run(args: argparse.Namespace) -> int:
     batches = check_counts(args.batch, "--batch") if args.batch else None
     timing = args.breakdown or args.holdout
     variants = parse_variants(args.variant)
+    splits = [parse_partition(x) for x in args.layer_partition]
+    grid_pps = [] if args.only_extras or args.from_runs else check_counts(args.pp, "--pp")
+    if (odd := [x for x in splits if len(x) not in grid_pps]):
+        raise TopologyError(f"--layer-partition {','.join(map(str, odd[0]))}: no --pp size of the grid has "
+                            f"{len(odd[0])} stages")
     cases = []
-    for pp in ([] if args.only_extras or args.from_runs else check_counts(args.pp, "--pp")):
+    for pp in grid_pps:
         for spec in args.spec.split(","):
             t = Topology(**common, pp=pp, spec=None if spec == "none" else spec, enforce_eager=not args.compiled)
             cases.append((f"pp{pp} {spec}", t, None))
             cases += [(f"pp{pp} {spec} [{name}]", t, env) for name, env in variants]
+            cases += [(f"pp{pp} {spec} {LAYERS_VARIANT}{'-'.join(map(str, part))}]", t.with_(layer_partition=part), None)
+                      for part in splits if len(part) == pp]
     if args.patch_cost and not args.from_runs:
         for pp in check_counts(args.patch_cost_pp, "--patch-cost-pp"):
             t = Topology(**common, pp=pp, enforce_eager=not args.compiled)
@@ -414,7 +438,9 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(lines), flush=True)
     out += lines
     if args.timeline:
-        lines = timeline_lines(records)
+        from kit.bench.split import split_lines
+
+        lines = timeline_lines(records) + split_lines(records, _num_layers(records))
         print("\n".join(lines), flush=True)
         out += lines
     if args.breakdown:

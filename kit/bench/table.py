@@ -121,12 +121,17 @@ def _speedup(row: dict, base: dict, kind: str) -> dict:
     return {"over": base["label"], "kind": kind, **ci.to_dict(), "separate": ci.excludes(1.0) and rows_apart}
 
 
+# The variant of a ``kit bench --layer-partition`` row: ``"[layers 5-3]"``.
+LAYERS_VARIANT = "[layers "
+
+
 def speedups(rows: list[dict]) -> list[list[dict]]:
     """Each aggregated row's decode speed-ups, in row order: over no speculation (``kind`` "speculation": the
     ``none`` row of the same model, PP, batch and variant) for a speculative row, and over the first row of its
     (model, PP, spec, batch) group (``kind`` "variant": a ``--variant``, ``--patch-cost`` or ``--startup`` row
     against the plain or first-listed one), and for a PP > 1 row over the PP=1 row of the same model, spec, batch and
-    variant (``kind`` "pp": what splitting the model over stages costs or wins on the same cores). Rows without
+    variant (``kind`` "pp": what splitting the model over stages costs or wins on the same cores; a
+    ``--layer-partition`` row against the plain PP=1 row). Rows without
     decode values or not named ``pp<PP> <spec>`` get none."""
     usable = [(r, _variant(r)) for r in rows]
     usable = [(r, v) for r, v in usable if v is not None and r.get("decode_tok_s") and r["decode_tok_s"].get("values")]
@@ -149,6 +154,8 @@ def speedups(rows: list[dict]) -> list[list[dict]]:
         if base is not r:
             found.append(_speedup(r, base, "variant"))
         base = pp1.get((r["model"], r["spec"], r.get("batch"), v))
+        if base is None and v.startswith(LAYERS_VARIANT):  # a layer split has no PP=1 twin: the plain PP=1 row
+            base = pp1.get((r["model"], r["spec"], r.get("batch"), ""))
         if r["pp"] > 1 and base is not None:
             found.append(_speedup(r, base, "pp"))
     return [out.get(id(r), []) for r in rows]

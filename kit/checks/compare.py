@@ -113,6 +113,8 @@ def register(sub) -> None:
     p.add_argument("--compiled", action="store_true", help="torch.compile instead of enforce_eager")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--layer-partition", default=None, metavar="N,N[,...]",
+                   help="decoder layers per PP stage, first stage first (vLLM's VLLM_PP_LAYER_PARTITION), e.g. 5,3")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="> 0: a sampled run (request i seeded --seed + i): acceptance per draft position against "
                         "the target's probabilities of the drafts, instead of comparing greedy tokens")
@@ -127,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     topo = Topology(model=args.model, random_weights=args.random, seed=args.seed, pp=args.pp,
                     spec=Spec.parse(args.spec), dtype=args.dtype, enforce_eager=not args.compiled,
                     max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                    nodes=args.nodes, backend=args.backend, runner=args.runner)
+                    nodes=args.nodes, backend=args.backend, runner=args.runner,
+                    layer_partition=args.layer_partition)
     check_max_tokens(args.max_tokens, topo.model_len)
     if topo.nodes > 1 or topo.backend != "mp":
         from kit.engine.multinode import check_backend

@@ -40,6 +40,8 @@ class Cell:
     traffic: bool = False
     # Patches turned off for this cell's run (not its reference), e.g. ("pp_microbatches",): vLLM's own step loop.
     patches_off: tuple[str, ...] = ()
+    # Decoder layers per PP stage (Topology.layer_partition); () = vLLM's even split.
+    layer_partition: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:
@@ -57,6 +59,8 @@ class Cell:
             s += "-traffic"
         for name in self.patches_off:
             s += f"-no-{name.replace('_', '-')}"
+        if self.layer_partition:
+            s += "-layers" + "-".join(map(str, self.layer_partition))
         return s
 
     def env(self) -> dict[str, str] | None:
@@ -83,7 +87,8 @@ class Cell:
         if self.traffic:
             extra = traffic.engine_args(traffic.plain_kv(Topology(model=self.model, random_weights=self.random).info.config))
         return Topology(model=self.model, random_weights=self.random, pp=self.pp, spec=self.spec,
-                        enforce_eager=self.eager, max_num_seqs=self.max_num_seqs, **extra)
+                        enforce_eager=self.eager, max_num_seqs=self.max_num_seqs,
+                        layer_partition=self.layer_partition or None, **extra)
 
 
 MAX_TOKENS = 40
@@ -181,6 +186,18 @@ for pp in (1, 2, 4):
     CELLS.append(Cell("tiny-glm4-moe", True, pp, "mtp:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True))
     CELLS.append(Cell("tiny-llama-swa-trained", False, pp, "eagle3:2", max_num_seqs=traffic.MAX_NUM_SEQS, traffic=True,
                       fast=(pp == 2)))
+
+# Uneven layer splits (Topology.layer_partition, vLLM's VLLM_PP_LAYER_PARTITION): the last stage, which also drafts,
+# with fewer target layers (the speed lever of docs/results/bench.md) and with more; a stage of one layer of one kind
+# (Qwen3.5's full-attention layer alone, GLM-4 MoE's dense layer alone). Each must match the PP=1 reference and accept
+# exactly the drafts its even-split cell accepts (tests/test_correctness.py).
+for model, random, pp, spec, seqs, part in (
+        ("mimo-py-18m", False, 2, "mtp:2", None, (5, 3)), ("mimo-py-18m", False, 4, "mtp:2", None, (3, 2, 2, 1)),
+        ("tiny-mimo", False, 2, "mtp:2", 3, (3, 1)), ("tiny-qwen3_5-trained", False, 2, "mtp:2", None, (3, 1)),
+        ("tiny-qwen3_5-trained", False, 2, "mtp:2", None, (1, 3)),
+        ("tiny-llama-swa-trained", False, 2, "eagle3:2", None, (3, 1)),
+        ("tiny-deepseek-v3-trained", False, 2, "mtp:2", None, (1, 3)), ("tiny-glm4-moe", True, 2, "mtp:2", None, (1, 3))):
+    CELLS.append(Cell(model, random, pp, spec, max_num_seqs=seqs, layer_partition=part))
 
 
 _REFS: dict[tuple, GenerationResult] = {}

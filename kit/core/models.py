@@ -240,6 +240,13 @@ def model_requirements(info: ModelInfo, device: str, spec: object | None) -> tup
       ``enable_prefix_caching=False``: with prefix caching on, vLLM picks the mamba cache mode ``align``, whose
       state copy with spec decode fails in ``v1/worker/mamba_utils.py``. The no-spec reference keeps vLLM's default.
 
+    - MLA models (``kv_lora_rank`` in the config: DeepSeek-V2/V3) on CPU get vLLM's reference MLA backend
+      (``attention_backend="CPU_MLA"``). On a CPU with AMX tiles vLLM 0.32 prefers ``AMX_MLA``, whose weight packing
+      accepts bfloat16, float16 and int8 only: the kit's float32 engines die at load (``convert_weight_packed``:
+      "expect weight to be bfloat16, float16, int8, ..."; seen on an Intel Xeon with AMX). Pinned on every CPU, the
+      same kernels run with and without AMX, so results do not depend on the machine. The MTP drafter gets it too, in
+      its speculative config (vLLM selects the drafter's backend anew unless told).
+
     ``spec``: the topology's :class:`~kit.core.topology.Spec`, or None without speculative decoding. Extra engine args
     given to a :class:`~kit.core.topology.Topology` (``extra_engine_args``) still win over these.
     """
@@ -250,4 +257,6 @@ def model_requirements(info: ModelInfo, device: str, spec: object | None) -> tup
     extra: dict[str, Any] = {}
     if hybrid and spec is not None:
         extra["enable_prefix_caching"] = False
+    if info.config.get("kv_lora_rank") and device == "cpu":
+        extra["attention_backend"] = "CPU_MLA"
     return dtype, extra

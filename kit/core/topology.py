@@ -101,10 +101,16 @@ class Topology:
     nodes: int = 1
     # Model runner: "auto" (vLLM's default for the device), "v1" or "v2"; turned into RUNNER_ENV for every process.
     runner: str = "auto"
+    # Decoder layers per PP stage, first stage first (vLLM's VLLM_PP_LAYER_PARTITION); None = vLLM's even split.
+    # The drafter (MTP layers, Eagle3 head) always runs on the last stage, on top of its share: (5, 3) for an
+    # 8-layer model with MTP moves one target layer off the stage that also drafts.
+    layer_partition: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.spec, str):
             object.__setattr__(self, "spec", Spec.parse(self.spec))
+        if isinstance(self.layer_partition, (str, list)):
+            object.__setattr__(self, "layer_partition", parse_partition(self.layer_partition))
         self.validate()
         dtype, _ = model_requirements(self.info, self.device, self.spec)
         if dtype and self.dtype != dtype:
@@ -137,6 +143,7 @@ class Topology:
             raise TopologyError(f"tp*pp={self.tp * self.pp} ranks exceed what this CPU hosts ({cpu_count()} cores)")
         self._validate_nodes()
         self._validate_runner()
+        self._validate_partition()
         if self.device == "cuda":
             n = _cuda_count()
             if n is not None and self.pp * self.tp // self.nodes > n and self.backend == "mp":
@@ -206,6 +213,19 @@ class Topology:
         if self.device == "cpu" and n > cpu_count():
             raise TopologyError(f"nodes={n} local CPU nodes need a core each; this machine gives {cpu_count()}")
 
+    def _validate_partition(self) -> None:
+        part = self.layer_partition
+        if part is None:
+            return
+        if not isinstance(part, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in part):
+            raise TopologyError(f"layer_partition must be whole numbers of layers per stage, got {part!r}")
+        n = self.info.num_layers
+        if self.pp == 1:
+            raise TopologyError("layer_partition needs pp > 1 (it splits the decoder layers over the PP stages)")
+        if len(part) != self.pp or min(part) < 1 or sum(part) != n:
+            raise TopologyError(f"layer_partition {','.join(map(str, part))} must give each of the pp={self.pp} "
+                                f"stages at least one layer and sum to the model's {n} decoder layers ({self.info.name})")
+
     def _validate_runner(self) -> None:
         check_choice(self.runner, RUNNERS, "runner")
         if self.runner == "v2" and self.device == "cpu":
@@ -221,6 +241,14 @@ class Topology:
     def runner_env(self) -> dict[str, str]:
         """``VLLM_USE_V2_MODEL_RUNNER`` for an explicit runner; nothing for ``auto`` (vLLM decides)."""
         return {"v1": {RUNNER_ENV: "0"}, "v2": {RUNNER_ENV: "1"}}.get(self.runner, {})
+
+    def vllm_env(self) -> dict[str, str]:
+        """What every process of this topology reads from its environment for the model: the runner
+        (:meth:`runner_env`) and the layer split (``VLLM_PP_LAYER_PARTITION``, only when one is set)."""
+        env = self.runner_env()
+        if self.layer_partition:
+            env[PARTITION_ENV] = ",".join(map(str, self.layer_partition))
+        return env
 
     def runner_note(self) -> str | None:
         """Why the kit's correctness claim does not cover this topology, or ``None``.
@@ -271,7 +299,7 @@ class Topology:
         serve = ["vllm", "serve", *self.serve_args()]
         out: list[NodeCommand] = []
         for r, ip in enumerate(ips):
-            env: dict[str, str] = {"VLLM_HOST_IP": ip, **self.runner_env()}
+            env: dict[str, str] = {"VLLM_HOST_IP": ip, **self.vllm_env()}
             cores = self.node_cores(r) if local else []
             if local:
                 env["GLOO_SOCKET_IFNAME"] = "lo"
@@ -287,7 +315,7 @@ class Topology:
             argv += ["--host", ip, "--port", str(port)] if r == 0 else []
             out.append(NodeCommand(r, ip, cores, argv, env, "leader" if r == 0 else "headless follower"))
         if self.backend == "ray":
-            env = {"VLLM_HOST_IP": ips[0], "RAY_ADDRESS": f"{ips[0]}:{master_port}", **self.runner_env()}
+            env = {"VLLM_HOST_IP": ips[0], "RAY_ADDRESS": f"{ips[0]}:{master_port}", **self.vllm_env()}
             out.append(NodeCommand(0, ips[0], out[0].cores, serve + ["--host", ips[0], "--port", str(port)],
                                    env, "leader"))
         return out
@@ -327,6 +355,8 @@ class Topology:
             cfg.update(prompt_lookup_max=3, prompt_lookup_min=1)
         if s.method in ("eagle3", "draft_model"):
             cfg["model"] = str(self.draft_path())
+        if s.method == "mtp" and (backend := model_requirements(self.info, self.device, s)[1].get("attention_backend")):
+            cfg["attention_backend"] = backend  # vLLM's drafter never inherits the target's attention backend
         return cfg
 
     def kv_transfer_config(self) -> dict | None:
@@ -397,7 +427,7 @@ class Topology:
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind(self.pp * self.tp)
         if self.nodes == 1:
             env.update(LOOPBACK_ENV)  # a multi-node plan sets each node's own address over these
-        env.update(self.runner_env())
+        env.update(self.vllm_env())
         return env
 
     def with_(self, **changes: Any) -> "Topology":
@@ -408,7 +438,8 @@ class Topology:
 
     def reference(self) -> "Topology":
         """The PP=1, no-spec, colocated topology every other one is compared against."""
-        return self.with_(pp=1, tp=1, spec=None, pd_role=None, connector=None, backend="mp", nodes=1)
+        return self.with_(pp=1, tp=1, spec=None, pd_role=None, connector=None, backend="mp", nodes=1,
+                          layer_partition=None)
 
     def describe(self) -> dict[str, Any]:
         d = asdict(self)
@@ -428,7 +459,22 @@ class Topology:
             parts.append("compiled")
         if self.runner != "auto":
             parts.append(f"runner-{self.runner}")
+        if self.layer_partition:
+            parts.append("layers" + "-".join(map(str, self.layer_partition)))
         return "/".join(parts)
+
+
+# vLLM reads the per-stage layer counts from this variable only (vllm/distributed/utils.py get_pp_indices).
+PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
+
+
+def parse_partition(text: "str | list | tuple") -> tuple[int, ...]:
+    """``"5,3"`` or ``[5, 3]`` -> ``(5, 3)`` (one :class:`TopologyError` line when it is not whole numbers)."""
+    items = str(text).split(",") if isinstance(text, str) else list(text)
+    try:
+        return tuple(int(str(x).strip()) for x in items)
+    except ValueError:
+        raise TopologyError(f"layer_partition wants whole numbers of layers per stage like 5,3, got {text!r}") from None
 
 
 # Loopback only, for every process of a one-node topology. Without these, vLLM's workers bind the machine's

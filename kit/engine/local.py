@@ -9,15 +9,25 @@ import os
 import time
 
 from kit.core.metrics import SpecCounters, scheduler_counters
-from kit.core.topology import Topology
+from kit.core.topology import PARTITION_ENV, Topology
 from kit.engine.progress import generation_bar
 from kit.engine.result import GenerationResult
 
 
+# The layer split the kit last put into this process's environment: an engine started later in the same process
+# (a notebook, a test) without a split must not inherit it.
+_kit_partition: str | None = None
+
+
 def _apply_env(topology: Topology) -> None:
+    global _kit_partition
     for k, v in topology.env().items():
         os.environ.setdefault(k, v)
-    os.environ.update(topology.runner_env())  # an explicit runner choice wins over the caller's environment
+    env = topology.vllm_env()
+    os.environ.update(env)  # an explicit runner choice or layer split wins over the caller's environment
+    if PARTITION_ENV not in env and _kit_partition is not None and os.environ.get(PARTITION_ENV) == _kit_partition:
+        del os.environ[PARTITION_ENV]
+    _kit_partition = env.get(PARTITION_ENV)
 
 
 class LocalEngine:

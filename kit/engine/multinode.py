@@ -214,7 +214,7 @@ class MultiNode(Lifecycle):
 
         t = self.topology
         self.cluster = LocalRayCluster(num_nodes=t.nodes, cpus_per_node=t.pp * t.tp // t.nodes, attach_env=False,
-                                       node_env=lambda i: {**t.runner_env(), **self.env, **plan[i].env},
+                                       node_env=lambda i: {**t.vllm_env(), **self.env, **plan[i].env},
                                        node_prefix=lambda i: _pin(plan[i].cores), keep_logs=False,
                                        network=self.network, open_network=self.network is None)
         try:
