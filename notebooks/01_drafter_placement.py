@@ -444,3 +444,5 @@ claim(bool(pairs) and not mismatch and total_gap > 0,
 # **Takeaway:** the MTP drafter, the LM head and the MTP layer's KV live on the last rank only, the embedding on rank
 # 0 only; with the kit's schedule two micro-batches are in flight at PP=2, across nodes too, and rank 0's token
 # history lags by exactly the drafts the last rank accepted, which `pp_spec_token_history` fills in.
+# %%
+display(kit.lab.notebook.where_next("01"))

@@ -292,3 +292,5 @@ claim("Duplicate layer name" not in nc_err,
 # %% [markdown]
 # **Takeaway:** number the Eagle3 draft layer after the model's total layer count: the per-rank count keeps the
 # `layer_types` index right but gives the draft layer a target layer's name, and the engine does not start.
+# %%
+display(kit.lab.notebook.where_next("02"))

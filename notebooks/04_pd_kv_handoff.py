@@ -363,3 +363,5 @@ claim(bool(rule_err) and "only supported on the prefill side" in rule_err,
 # **Takeaway:** a PD pair's decode server gives one plain engine's tokens; the producer's ranks send every prompt KV
 # byte the model's shape predicts, the MTP layer's included, and a producer that withholds the MTP layer's KV costs
 # accepted drafts, not correctness.
+# %%
+display(kit.lab.notebook.where_next("04"))

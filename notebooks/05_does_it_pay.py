@@ -398,3 +398,5 @@ display(Markdown(payoff_text.timeline_findings(traced, stage_runs)))
 
 # %%
 display(Markdown(payoff_text.takeaway(preds, held, BAND)))
+# %%
+display(kit.lab.notebook.where_next("05"))

@@ -125,3 +125,17 @@ def test_payoff_slider_draws_its_default_bars_without_a_widget(monkeypatch):
     assert bars.layout.title.text.startswith("Predicted speed-up at a = 0.70, k = 3")
     assert list(bars.data[0].y) == pytest.approx([costs[("m", 1, 1)].speedup(0.7, 3)])
     assert shown[1] is box and isinstance(box, w.VBox)
+
+
+def test_where_next_lists_every_notebook_in_order_and_marks_the_current_one():
+    from kit.lab.notebook import where_next
+    from kit.lab.report import notebooks
+
+    text = where_next("02").data
+    names = [p.name for p in notebooks()]
+    items = [ln for ln in text.splitlines() if ln.startswith("- ")]
+    assert len(items) == len(names) >= 6
+    for item, name in zip(items, names):
+        assert (f"]({name})" in item) != name.startswith("02_"), item   # every other notebook linked, this one not
+    assert "(this notebook)" in items[names.index(next(n for n in names if n.startswith("02_")))]
+    assert "00_start_here.ipynb#Glossary" in text

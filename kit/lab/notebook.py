@@ -221,3 +221,23 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def where_next(current: str):
+    """The "where next" list at the end of a notebook: every notebook of the kit in reading order, each linked with
+    its question (read from the committed notebooks, so a new notebook joins without an edit), ``current`` (its
+    ``NN`` prefix) marked. A Markdown display object; the report points the links at its HTML pages."""
+    import json
+
+    from IPython.display import Markdown
+
+    from kit.lab.report import first_sentence, notebooks, question, title
+
+    lines = ["**Where next** (the notebooks in reading order; terms in the [glossary](00_start_here.ipynb#Glossary)):", ""]
+    for path in notebooks():
+        nb = json.loads(path.read_text())
+        here = path.name.startswith(f"{current}_")
+        head = f"**{title(nb)}** (this notebook)" if here else f"[{title(nb)}]({path.name})"
+        q = first_sentence(question(nb))
+        lines.append(f"- {head}" + (f": {q}" if q and q != title(nb) else ""))
+    return Markdown("\n".join(lines))
