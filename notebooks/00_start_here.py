@@ -136,8 +136,9 @@ claim(acc.num_accepted_tokens > 0 and acc.num_drafts < generated,
 # <details><summary>Answer</summary>
 #
 # Different tokens, and a wrong token can be one of *another* prompt's: the requests leak into each other. The
-# picture puts this run (left) beside the run above with every patch on (right); the cell prints where this run
-# first differed and which wrong tokens another prompt's reference has nearby.
+# picture puts this run (left) beside the run above with every patch on (right); under it the same prompts as text,
+# token by token, the reference's token above this run's: a wrong token that another prompt's reference has nearby
+# is coloured by that prompt, any other wrong token is red.
 # </details>
 
 # %%
@@ -151,9 +152,19 @@ plots.token_match_side_by_side(ref_ids, {"pp_spec_schedule_gate off": broken.tok
                                ).update_layout(meta="main").show()   # meta="main": the report's thumbnail
 wrong = [(i, j, g) for i, (r, b) in enumerate(zip(ref_ids, broken.token_ids)) for j, (x, g) in enumerate(zip(r, b)) if x != g]
 # A wrong token that another prompt's reference has within two positions: a token that came from that request.
-leaks = [(i, j, g, i2) for i, j, g in wrong for i2, r2 in enumerate(ref_ids) if i2 != i and g in r2[max(0, j - 2):j + 3]]
-print(f"gate off: {len(wrong)} of {sum(map(len, ref_ids))} tokens differ; first divergence:", first_divergence(cmp.reference, broken))
-print("wrong tokens that another prompt's reference has nearby (prompt, position, token, from prompt):", leaks[:8])
+from kit.lab import tokens_view
+sources = tokens_view.leak_sources(ref_ids, broken.token_ids, window=2)   # {(prompt, position): that other prompt}
+tok = tokens_view.load_tokenizer(MODEL)
+tokens_view.show(tokens_view.divergence_html(ref_ids, broken.token_ids, tok, sources=sources, prompts=prompts,
+                                             labels=("reference", "gate off")))
+fd = first_divergence(cmp.reference, broken)
+say = lambda t: tokens_view.describe_token(tok, t)  # noqa: E731
+print(f"gate off: {len(wrong)} of {sum(map(len, ref_ids))} tokens differ; first divergence: "
+      + (f"prompt {fd['prompt_index']}, position {fd['position']}: expected {say(fd['expected'])}, got {say(fd['got'])}"
+         if fd else "none"))
+print(f"{len(sources)} wrong tokens another prompt's reference has nearby" + (":" if sources else "."))
+for (i, j), i2 in list(sources.items())[:8]:
+    print(f"  prompt {i}, position {j}: {say(broken.token_ids[i][j])}, from prompt {i2}")
 
 # %%
 claim(first_divergence(cmp.reference, broken) is not None and d["identical"],
@@ -247,3 +258,5 @@ claim(first_divergence(cmp.reference, broken) is not None and d["identical"],
 #   (speculative steps x mean acceptance length). 1 when each step carried as many requests as the plain engine's;
 #   below 1 when a batch was split (requests in flight, requests finishing at different steps). The prediction at
 #   occupancy is the full-step prediction times it.
+# %%
+display(kit.lab.notebook.where_next("00"))

@@ -24,6 +24,7 @@ NUM_PROMPTS = 8
 MAX_TOKENS = 48
 SAMPLED_TEMPERATURES = [0.05, 0.3, 0.8]   # sampled on the largest-k engine of each PP size
 PLAIN_PP_SIZES = [1]      # PP sizes that also run without drafts (k = 0); must include PP_SIZES[0]
+ROUNDS_SHOWN = 8          # verify rounds shown token by token, per prompt
 
 # %%
 import kit
@@ -56,12 +57,21 @@ for pp in PP_SIZES:
         # The largest-k engine of each PP size also samples the prompts at each temperature, with the kit's
         # acceptance probe on (no extra engine start): see "A sampled setting" below.
         if k == KS[-1]:
-            res = engine.run(topo, sampling.sweep_jobs(prompts, SAMPLED_TEMPERATURES, max_tokens=MAX_TOKENS))
-            for t, r in zip(SAMPLED_TEMPERATURES, sampling.parse_sweep(topo, SAMPLED_TEMPERATURES, res["jobs"])):
+            jobs = sampling.sweep_jobs(prompts, SAMPLED_TEMPERATURES, max_tokens=MAX_TOKENS)
+            if pp == PP_SIZES[0]:
+                # Its greedy job also runs with the probe's verify-round log on: see "Token by token" below.
+                jobs = [{"kind": "rpc", "method": "kit_probe_start_log"}, jobs[0],
+                        {"kind": "rpc", "method": "kit_probe_read"}] + jobs[1:]
+            jr = engine.run(topo, jobs)["jobs"]
+            if pp == PP_SIZES[0]:
+                round_log = [e for rank in jr[2] for e in rank.get("log", {}).get("rounds", [])]
+                log_dropped = sum(rank.get("log", {}).get("dropped", 0) for rank in jr[2])
+                jr = [jr[1]] + jr[3:]   # the sweep's own jobs, as parse_sweep reads them
+            for t, r in zip(SAMPLED_TEMPERATURES, sampling.parse_sweep(topo, SAMPLED_TEMPERATURES, jr)):
                 sampled[(pp, t)] = r
         else:
-            res = engine.run(topo, [greedy])
-        results[(pp, k)] = engine.GenerationResult.from_dict(res["jobs"][0])
+            jr = engine.run(topo, [greedy])["jobs"]
+        results[(pp, k)] = engine.GenerationResult.from_dict(jr[0])
 rows = []
 for (pp, k), r in results.items():
     s = r.spec
@@ -180,6 +190,67 @@ r1 = results[(PP_SIZES[0], KS[0])].spec.per_position_rate[0]
 claim(r1 >= 0.5, f"the trained MTP head's first draft is accepted in {r1:.2f} of rounds (at least half)")
 
 # %% [markdown]
+# ## Token by token: what each verify round did
+# The counters above add up many verify rounds; here are single ones, from the same engine run (the first PP size's
+# engine at the largest k, on the greedy prompts): the kit's acceptance probe logged, inside the worker that verifies
+# the drafts, each request's drafts and the tokens each round wrote (`kit_probe_start_log`). One row per round, read
+# left to right: **green** drafts the target accepted (each is the target's own greedy choice there), then the first
+# draft it did not accept, **red and struck through**, followed by the target's own token in **blue** (its
+# correction) and, faded, the drafts after it, which no longer count. When every draft was accepted the round ends
+# with the target's **grey** bonus token instead. A round writes the green tokens and the blue or grey one: 1 to
+# k + 1 tokens for one target forward. The grey text before each row is the end of what the request had before
+# that round (spaces drawn as ·, line breaks as ↵).
+
+# %%
+from IPython.display import Markdown
+from kit.lab import tokens_view
+tok = tokens_view.load_tokenizer(MODEL)
+k_log, pp_log = KS[-1], PP_SIZES[0]
+logged = results[(pp_log, k_log)]
+by_prompt = tokens_view.match_requests(round_log, logged.token_ids)
+# The first prompt, and the one whose first rounds rejected the most drafts (a second look at rejections).
+rejections = {i: sum(r.rejected is not None for r in rr.verify_rounds[:ROUNDS_SHOWN]) for i, rr in by_prompt.items()}
+first = min(by_prompt)
+shown = [first] + [i for i in sorted(rejections, key=lambda i: (-rejections[i], i)) if i != first][:1]
+lines = []
+for i in shown:
+    rounds = by_prompt[i].verify_rounds
+    part = rounds[:ROUNDS_SHOWN]
+    tokens_view.show(tokens_view.rounds_html(
+        part, tok, generated=logged.token_ids[i], prompt=logged.prompt_token_ids[i],
+        title=f"prompt {i}: verify rounds 1 to {len(part)} of {len(rounds)} (PP={pp_log}, k={k_log}, greedy)"))
+    c = tokens_view.round_counts(part)
+    lines.append(f"- prompt {i}: its first {len(part)} verify rounds wrote generated tokens {part[0].position} to "
+                 f"{part[-1].position + len(part[-1].output) - 1} ({c['tokens']} tokens for {len(part)} target "
+                 f"forwards): {c['accepted']} of {c['drafts']} drafts accepted, then "
+                 f"{tokens_view.count(c['corrections'], 'correction')} and "
+                 f"{tokens_view.count(c['bonus'], 'bonus token')} from the target; the "
+                 + ("token" if part[0].position == 1 else f"{part[0].position} tokens")
+                 + " before them came from steps with no drafts to check (the prefill).")
+display(Markdown("**This run:**\n" + "\n".join(lines)))
+
+# %%
+# The view is the run: each round shown is the generated tokens at the position the worker's input batch gave it,
+# and the whole log counts what vLLM's own counters counted for this job.
+spec = logged.spec
+width = max(k_log, len(spec.per_position))
+pad = lambda xs: list(xs) + [0] * (width - len(xs))  # noqa: E731
+everything = [r for rr in by_prompt.values() for r in rr.rounds]
+from_log = tokens_view.counters(everything)
+from_log["per_position"] = pad(from_log["per_position"])
+from_vllm = {"num_drafts": spec.num_drafts, "num_draft_tokens": spec.num_draft_tokens,
+             "num_accepted_tokens": spec.num_accepted_tokens, "per_position": pad(spec.per_position)}
+text = {i: all(r.output == logged.token_ids[i][r.position:r.position + len(r.output)]
+               for r in by_prompt[i].verify_rounds[:ROUNDS_SHOWN]) for i in shown}
+claim(sorted(by_prompt) == list(range(len(prompts))) and not log_dropped and all(text.values())
+      and all(rr.positions_agree for rr in by_prompt.values()) and from_log == from_vllm,
+      f"the rounds shown are prompt {' and '.join(map(str, shown))}'s generated tokens where the worker put them, and "
+      f"the log's {from_log['num_drafts']} verify rounds of all {len(prompts)} requests count what vLLM counted: "
+      f"{spec.num_accepted_tokens} of {spec.num_draft_tokens} draft tokens accepted, per position {spec.per_position}",
+      {"log": from_log, "vllm": from_vllm, "matched": sorted(by_prompt), "dropped": log_dropped, "text": text,
+       "positions_agree": {i: rr.positions_agree for i, rr in by_prompt.items()}})
+
+# %% [markdown]
 # ## A sampled setting: acceptance against theory
 # With temperature T > 0 the target *samples* its token. Speculative sampling keeps a draft token d with
 # probability p_T(d), the target's probability of d at temperature T (the MTP drafter proposes d without a
@@ -291,3 +362,5 @@ else:
     display(Markdown(f"{what} No run above used its starting values (k={k_w.value}, PP={pp_w.value}, "
                      f"temperature {t_w.value}), so there is nothing to show until Run is pressed."))
 display(W.VBox([k_w, pp_w, t_w, p_w, btn, out]))
+# %%
+display(kit.lab.notebook.where_next("03"))

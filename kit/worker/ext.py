@@ -194,8 +194,18 @@ class KitWorkerExtension:
         acceptance_probe.start()
         return True
 
+    def kit_probe_start_log(self) -> bool:
+        """``kit_probe_start``, and also log every verify round (greedy too) from now on, up to
+        ``acceptance_probe.LOG_ROWS`` rows: each request row's drafts and the tokens that round wrote, read back
+        with ``kit_probe_read`` (its ``log``). The next ``kit_probe_start`` turns the log off."""
+        from kit.worker import acceptance_probe
+
+        acceptance_probe.start(log_rows=acceptance_probe.LOG_ROWS, runner=self.model_runner)
+        return True
+
     def kit_probe_read(self) -> dict:
-        """This rank's sampled-acceptance counts since ``kit_probe_start`` (zero except on the last rank)."""
+        """This rank's sampled-acceptance counts since ``kit_probe_start`` (zero except on the last rank), and the
+        verify-round log where ``kit_probe_start_log`` started one."""
         from vllm.distributed.parallel_state import get_pp_group
 
         from kit.worker import acceptance_probe
