@@ -361,11 +361,15 @@ claim(with_drafts > 0 and not late, f"each of the {with_drafts} steps that verif
 #
 # <details><summary>Answer</summary>
 #
-# Without the patch none: every step carries both requests, and the engine core waits for each step's drafts
+# Without the patch none: every step carries every running request, and the engine core waits for each step's drafts
 # before it schedules the next, so one stage always waits for the other. With it the requests take turns, and the
 # two stages compute at the same time for at least half of the decode steps. The cell prints this run's counts and
 # each stage's busy share.
 # </details>
+#
+# The figure is animated: **Play** (or drag the slider under it) runs time forward in both panels at once, a dotted
+# line marking "now", so you can watch each step enter rank 0, move on to rank 1 and leave. Before you press it,
+# it shows the whole span.
 
 # %%
 before = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=TRACE_PP, spec=SPEC),
@@ -373,8 +377,9 @@ before = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, p
 trace_before = steptrace.merge(before["trace"])
 runs = {"pp_microbatches off (vLLM 0.32's loop)": trace_before, "pp_microbatches on (the kit's default)": trace}
 t_off, t_on = steptrace.summary(trace_before), steptrace.summary(trace)
-span_ms = 8 * 1000 * t_off["period"]   # eight decode steps of the unpipelined run
-from kit.lab.pipeline_plots import busy_share, decode_window, pipeline_lanes
+from kit.lab.pipeline_plots import busy_share, decode_left_ms, decode_window, pipeline_lanes
+# Eight decode steps of the unpipelined run, or less where a run has no steps left to draw (a short run).
+span_ms = min([8 * 1000 * t_off["period"]] + [left for left in map(decode_left_ms, runs.values()) if left])
 pipeline_lanes(runs, TRACE_PP, span_ms=span_ms,
                title=f"{Topology(model=MODEL, pp=TRACE_PP, spec=SPEC).label()}: the same {span_ms:.0f} ms of decoding, "
                      "a lane per stage, s<step> on each bar").update_layout(meta="pipeline").show()
@@ -389,17 +394,22 @@ display(Markdown(
     f"{1000 * t_on['period'] / t_on['reqs_per_step']:.1f} ms on: per request the micro-batched run was "
     f"{'faster' if per_req_on < per_req_off else 'not faster'}). Busy share of the span drawn, per stage: off "
     + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[0]]) + "; on "
-    + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[1]]) + "."))
+    + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[1]]) + ". Empty steps between the first and the last "
+    f"decode step (the outlined bars): {t_off['empty_steps']} off, {t_on['empty_steps']} on."))
 
 # %% [markdown]
 # **What it shows:** in the upper panel the bars form a staircase: a step on rank 0, then the same step on rank 1
-# (its grey part waiting for rank 0's hidden states), then nothing on rank 0 until the step's drafts are back. In
-# the lower panel the requests alternate, one colour per micro-batch, and rank 0 starts one request's step while
-# rank 1 still computes the other's. The same tokens come out either way (the matrix checks both); what changes is
-# how much of the time each stage has work. Whether the overlap also finishes sooner depends on what a step of one
-# request costs against a step of two: the time per request above says which way it went in this run;
-# `kit bench --timeline` measures what the overlap wins on a larger model (docs/results/bench.md, "PP micro-batches
-# in flight").
+# (its grey part waiting for rank 0's hidden states), then no computing on rank 0 until the step's drafts are back.
+# In the lower panel the requests alternate, one colour per micro-batch (the same colour in both panels), and rank 0
+# starts one request's step while rank 1 still computes the other's. An outlined bar is an empty step: the engine
+# core sent a step with no request in it because every running request was in flight. The trace has no timestamp
+# for such a step (nothing computed), so it is drawn over the gap on each rank between the computed steps around it
+# (the hover says which). A label that does not fit its bar is left out; hovering any bar gives its step, requests
+# and times. The same tokens come out either way (the matrix checks both); what changes is how much of the time
+# each stage has work. Whether the overlap also finishes sooner depends on what a step of one request costs
+# against a step of two: the time per request above says which way it went in this run; `kit bench --timeline`
+# measures what the overlap wins on a larger model (docs/results/bench.md, "PP micro-batches in flight and the
+# layer split").
 
 # %%
 claim(ov_off == 0 and t_off["decode_steps"] > 0,
