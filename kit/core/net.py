@@ -2,6 +2,7 @@
 loopback unless a caller passes another host."""
 from __future__ import annotations
 
+import random
 import socket
 
 LOOPBACK = "127.0.0.1"
@@ -17,14 +18,57 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     return True
 
 
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST = 10000  # below this sit well-known and registered services
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for ports handed out by ``bind(port 0)`` and outgoing connections (Linux default)."""
+    try:
+        lo, hi = (int(x) for x in open(EPHEMERAL_RANGE_FILE).read().split()[:2])
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _pool() -> range | None:
+    """Ports outside the ephemeral range to pick from, or None when there is no room for a pool of 2,000."""
+    lo, hi = ephemeral_range()
+    if lo - _LOWEST >= 2000:
+        return range(_LOWEST, lo)
+    if 65535 - hi >= 2000:
+        return range(hi + 1, 65536)
+    return None
+
+
 def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
-    """``n`` distinct ports that were free on ``host`` (all held at once while picked, so they differ)."""
+    """``n`` distinct ports that were free on ``host`` (all held at once while picked, so they differ).
+
+    They come from outside the kernel's ephemeral range, at random: vLLM binds the ports the kit passes it seconds
+    after they were picked (after the model loads), and every process that binds port 0 in the meantime (vLLM's own
+    ``get_open_port``, in a second server starting beside the first) is handed ephemeral ports, which therefore
+    never land on a port picked here. Seen without this: a PD pair's consumer failing with ``ZMQError: Address
+    already in use`` on its NIXL side-channel port."""
+    pool = _pool()
+    rng = random.SystemRandom()
     socks, ports = [], []
     try:
-        for _ in range(n):
+        tries = 0
+        while len(ports) < n:
             s = socket.socket()
+            port = 0
+            if pool is not None and tries < 50 * n:
+                tries += 1
+                port = rng.choice(pool)
+                if port in ports:
+                    s.close()
+                    continue
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-            s.bind((host, 0))
             ports.append(s.getsockname()[1])
     finally:
         for s in socks:
