@@ -234,3 +234,34 @@ def test_a_thumbnail_is_a_small_png(tmp_path):
     size = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")  # the PNG's IHDR: width, height
     assert size == (thumbnails.WIDTH, thumbnails.HEIGHT)
     assert out.stat().st_size < 100_000
+
+
+def test_kit_report_write_records_the_run_as_a_results_block(kit_dirs, monkeypatch, tmp_path):
+    src, out, _ = kit_dirs
+    for stem in ("02_third", "06_later"):  # every notebook executed in this run
+        _source(out, stem, claims=["x"], seconds=10.0)
+    monkeypatch.setattr(report, "versions", lambda: {"vllm": "0.32.0", "cores": 2})
+    secs = {"00_first.ipynb": 95.1, "01_second.ipynb": 226.6, "02_third.ipynb": 10.0, "06_later.ipynb": 10.0}
+
+    def fake_execute(nb, out_dir, *a, **k):
+        err = "AssertionError: the tokens are equal: does not hold (3 differ)" if nb.stem == "01_second" else None
+        return out_dir / nb.name, secs[nb.name], err
+
+    monkeypatch.setattr(report, "execute", fake_execute)
+    doc = tmp_path / "tests.md"
+    rc = report.run(argparse.Namespace(out=str(out), only="", render_only=False, write=str(doc)))
+    assert rc == 1
+    text = doc.read_text()
+    from kit.core.results import HEADER, blocks
+
+    (b,) = blocks(text)
+    assert HEADER.search(b.group("body")) and "Command: `kit report --out" in text
+    assert "**3 of 4 notebooks ok; 342 s in all (5.7 minutes" in text and "failed: 01_second" in text
+    assert "| 00_first | 95 s | 3 of 3 | ok |" in text
+    assert "| 01_second | 227 s | 1 of 2 | failed: AssertionError" in text
+
+
+def test_kit_report_write_wants_a_whole_run(kit_dirs, tmp_path):
+    _, out, _ = kit_dirs
+    with pytest.raises(report.TopologyError, match="--write records a whole run"):
+        report.run(argparse.Namespace(out=str(out), only="01", render_only=False, write=str(tmp_path / "t.md")))

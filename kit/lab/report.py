@@ -21,7 +21,7 @@ import re
 import subprocess
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from kit.core.flags import add_command
@@ -388,6 +388,26 @@ def register(sub) -> None:
                    help="execute nothing: write index.html (and missing pages and pictures) from the executed "
                         "notebooks already in --out")
     p.add_argument("--lab", action="store_true", help="(handled by run.sh) open JupyterLab afterwards")
+    p.add_argument("--write", default=None, metavar="FILE",
+                   help="also write this run's times and claims as a results block into FILE "
+                        "(docs/results/tests.md); only after executing every notebook")
+
+
+def run_block(rows: list[dict], setup_note: str = "") -> str:
+    """The body of the ``./run.sh`` results block: total, then per notebook its time, claims held and result."""
+    total = sum(r["seconds"] or 0 for r in rows)
+    failed = [r["stem"] for r in rows if r["error"]]
+    lines = [f"**{len(rows) - len(failed)} of {len(rows)} notebooks ok; {total:.0f} s in all "
+             f"({total / 60:.1f} minutes, the sum of the notebooks' run times; the target is 15 minutes)**"
+             + (f"; failed: {', '.join(failed)}" if failed else "") + ".", ""]
+    if setup_note:
+        lines += [setup_note, ""]
+    lines += ["| notebook | time | claims held | result |", "|---|---|---|---|"]
+    for r in rows:
+        held, made = claim_count(r)
+        lines.append(f"| {r['stem']} | {r['seconds'] or 0:.0f} s | {held} of {made} | "
+                     f"{'failed: ' + r['error'] if r['error'] else 'ok'} |")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -399,6 +419,15 @@ def run(args: argparse.Namespace) -> int:
         raise TopologyError(f"--only {args.only!r}: no notebook name contains it "
                             f"({', '.join(nb.name for nb in notebooks())})")
     ran: dict[str, tuple[float, str | None]] = {}
+    write = getattr(args, "write", None)
+    if write:
+        from kit.core.results import check_writable
+
+        if getattr(args, "render_only", False) or args.only:
+            raise TopologyError("--write records a whole run: not with --render-only or --only")
+        if why := check_writable(write):
+            raise TopologyError(why)
+    started = datetime.now(timezone.utc)
     if getattr(args, "render_only", False):
         if not out.is_dir():
             raise TopologyError(f"--render-only: {out} does not exist (run kit report first)")
@@ -412,6 +441,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"[report] {nb.name}: {'FAILED: ' + err if err else 'ok'} ({secs:.0f} s, {n} claims)", flush=True)
     path = write_index(out, ran)
     print(f"[report] wrote {path}")
+    if write:
+        from kit.core.results import block_key, command_line, write_block
+
+        rows = [row(nb, out, ran.get(nb.name)) for nb in chosen]
+        argv = (["--out", str(out)] if out.resolve() != (REPO_ROOT / "reports").resolve() else []) + ["--write", write]
+        write_block(write, block_key("kit report", argv), run_block(rows), command_line("kit report", argv),
+                    when=started, until=datetime.now(timezone.utc), title="Tests")
+        print(f"[report] recorded the run in {write}")
     if ran:
         return 1 if any(err for _, err in ran.values()) else 0
     return 1 if any(failure(json.loads((out / nb.name).read_text())) for nb in notebooks()
