@@ -33,6 +33,7 @@
 # | `03_draft_acceptance` | how many drafts are accepted per position, at PP=1 and PP=2? |
 # | `04_pd_kv_handoff` | what moves from producer to consumer, and are the tokens still right? |
 # | `05_does_it_pay` | when does speculation pay, at PP=1 and PP=2 (the break-even acceptance rate a\*)? |
+# | `06_debugging` | a wrong token: tie or bug, which part of the topology, which step, which patch? |
 
 # %% tags=["parameters"]
 # Parameters (papermill / CI can override these)

@@ -107,3 +107,21 @@ def test_pipeline_lanes_busy_share_and_window_of_a_serial_run():
     assert "0 of 6 decode steps with 2 in flight" in fig.layout.annotations[0].text
     # the two steps inside the span, labelled (the empty steps and the waits have bars of their own)
     assert {t for b in fig.data if b.name.startswith("requests") for t in b.text} == {"s4", "s6"}
+
+
+def test_logits_rows_reads_own_and_read_rows_as_vllm_indexes_them():
+    """vLLM 0.32's _calc_spec_decode_metadata for two requests sent their 2 drafts alone (2 tokens each, k=2):
+    logits_indices = repeat(cu_scheduled - (k + 1)) + arange = [-1, 0, 1, 1, 2, 3]."""
+    from types import SimpleNamespace as NS
+
+    import torch
+
+    from kit.worker.steptrace import logits_rows
+
+    so = NS(num_scheduled_tokens={"a": 2, "b": 2}, scheduled_spec_decode_tokens={"a": [7, 8], "b": [9, 9]})
+    md = NS(logits_indices=torch.tensor([-1, 0, 1, 1, 2, 3]))
+    runner = NS(execute_model_state=NS(scheduler_output=so, spec_decode_metadata=md, hidden_states=torch.zeros(4, 8)),
+                input_batch=NS(req_ids=["a", "b"]))
+    assert logits_rows(runner) == {"a": {"own": [0, 2], "read": [3, 0, 1]}, "b": {"own": [2, 4], "read": [1, 2, 3]}}
+    runner.execute_model_state = None  # nothing to sample (a non-last rank, or no step)
+    assert logits_rows(runner) is None

@@ -11,7 +11,8 @@ classes stay untouched, so other engines in the process and the kit's patches ar
   request's history is short of the scheduler's count *before* ``_update_states`` runs (the accepted
   drafts the scheduler never sends there, which ``pp_spec_token_history`` fills in);
 - ``worker.sample_tokens``: a ``sample`` event on the last rank, with each request's accepted drafts
-  (sampled tokens - 1);
+  (sampled tokens - 1) and, in a step that verifies drafts, the rows of hidden states each request owns and the
+  rows its logits were read from (:func:`logits_rows`);
 - ``model_runner.propose_draft_token_ids``: a ``propose`` event (the drafter's forward), with the
   requests it drafted for;
 - ``worker.take_draft_token_ids``: a ``handoff`` event when the engine core collects the drafts for its
@@ -62,21 +63,45 @@ def _forward_tokens(args, kwargs) -> int | None:
         return None
 
 
-def _span(obj, name: str, kind: str, fields) -> None:
+def _span(obj, name: str, kind: str, fields, before=None) -> None:
     """Wrap ``obj.name`` (an instance attribute: the class stays untouched) to record a ``kind`` event around each
-    call, with ``fields(args, kwargs, result)``; no event when that returns None."""
+    call, with ``fields(args, kwargs, result)`` (``fields(args, kwargs, result, before(args, kwargs))`` when
+    ``before`` reads state the call consumes); no event when that returns None."""
     orig = getattr(obj, name)
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
+        pre = before(args, kwargs) if before is not None else None
         t0 = time.monotonic()
         out = orig(*args, **kwargs)
-        extra = fields(args, kwargs, out)
+        extra = fields(args, kwargs, out) if before is None else fields(args, kwargs, out, pre)
         if extra is not None:
             _record(kind, t0, time.monotonic(), step=_STATE["step"], **extra)
         return out
 
     setattr(obj, name, wrapper)
+
+
+def logits_rows(runner) -> dict | None:
+    """Per request of the step about to be sampled (last rank, drafts verified): the rows of the step's hidden
+    states it owns (``own``: [first, end)) and the rows its logits are read from (``read``, wrapped like a
+    negative tensor index). vLLM computes the read rows from the tokens it was sent; a request scheduled with its
+    drafts alone reads in front of its own rows (notebook 06)."""
+    st = getattr(runner, "execute_model_state", None)
+    md = getattr(st, "spec_decode_metadata", None)
+    if md is None:
+        return None
+    so = st.scheduler_output
+    ids = [r for r in runner.input_batch.req_ids[:len(so.num_scheduled_tokens)]]
+    n_rows = int(st.hidden_states.shape[0])
+    read = [int(i) % n_rows for i in md.logits_indices.tolist()]
+    out, start, at = {}, 0, 0
+    for rid in ids:
+        n = int(so.num_scheduled_tokens[rid])
+        k = 1 + len(so.scheduled_spec_decode_tokens.get(rid, ()))
+        out[rid] = {"own": [start, start + n], "read": read[at:at + k]}
+        start, at = start + n, at + k
+    return out
 
 
 def start(worker) -> dict:
@@ -121,11 +146,20 @@ def start(worker) -> dict:
 
     runner.execute_model = runner_execute_model
 
-    def sampled(args, kwargs, out) -> dict | None:
+    def sampled(args, kwargs, out, rows) -> dict | None:
         tokens = getattr(out, "sampled_token_ids", None)
         if not (_STATE["last"] and tokens):
             return None
-        return {"accepted": {rid: len(t) - 1 for rid, t in zip(out.req_ids, tokens) if len(t)}}
+        ev = {"accepted": {rid: len(t) - 1 for rid, t in zip(out.req_ids, tokens) if len(t)}}
+        if rows:
+            ev["rows"] = rows
+        return ev
+
+    def rows_before(args, kwargs) -> dict | None:
+        try:
+            return logits_rows(runner) if _STATE["last"] else None
+        except Exception:  # noqa: BLE001 - a trace field, never a reason to fail the step
+            return None
 
     def handed_off(args, kwargs, out) -> dict | None:
         # The engine core's post_step asks for the drafts (sync scheduling); this call queues behind the step's
@@ -137,7 +171,7 @@ def start(worker) -> dict:
         k = int(out.shape[-1]) if hasattr(out, "shape") and len(out.shape) == 2 else None
         return {"reqs": list(so.num_scheduled_tokens), "k": k}
 
-    _span(worker, "sample_tokens", "sample", sampled)
+    _span(worker, "sample_tokens", "sample", sampled, before=rows_before)
     _span(worker, "take_draft_token_ids", "handoff", handed_off)
     if hasattr(runner, "propose_draft_token_ids"):
         _span(runner, "propose_draft_token_ids", "propose", proposed)
@@ -183,7 +217,7 @@ def merge(per_rank: list[dict]) -> list[dict]:
         if "reqs" in e:
             e["reqs"] = ({name(k): v for k, v in e["reqs"].items()} if isinstance(e["reqs"], dict)
                          else [name(k) for k in e["reqs"]])
-        for key in ("history_gap", "accepted"):
+        for key in ("history_gap", "accepted", "rows"):
             if key in e:
                 e[key] = {name(k): v for k, v in e[key].items()}
         out.append(e)
