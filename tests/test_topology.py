@@ -4,7 +4,7 @@ import json
 import pytest
 from conftest import MODEL
 
-from kit.core.topology import Spec, Topology, TopologyError, omp_threads_bind
+from kit.core.topology import PARTITION_ENV, Spec, Topology, TopologyError, omp_threads_bind
 
 
 def test_defaults_are_valid_and_reference_is_pp1_nospec():
@@ -263,10 +263,24 @@ def test_a_layer_partition_reaches_every_process_and_the_label():
     (dict(pp=2, layer_partition="2,1"), "must give each of the pp=2 stages at least one layer and sum to the model's 4"),
     (dict(pp=2, layer_partition="4,0"), "at least one layer"),
     (dict(pp=2, layer_partition="1,1,2"), "pp=2 stages"),
-    (dict(pp=2, layer_partition="3,x"), "wants whole numbers of layers per stage like 5,3, got '3,x'"),
+    (dict(pp=2, layer_partition="3,x"), "wants whole numbers of layers per stage like 5,3, or auto, got '3,x'"),
     (dict(pp=1, layer_partition="4"), "layer_partition needs pp > 1"),
 ])
 def test_bad_layer_partitions_are_refused_in_one_line(kwargs, fragment):
     with pytest.raises(TopologyError, match=fragment) as e:
         Topology(model=MODEL, random_weights=True, **kwargs)
     assert "\n" not in str(e.value)
+
+
+def test_layer_partition_auto_moves_one_layer_off_the_last_stage_per_drafter_pass():
+    from kit.core.partition import auto_partition
+
+    assert Topology(model="mimo-py-18m", pp=2, spec="mtp:2", layer_partition="auto").layer_partition == (5, 3)
+    # No better split than the even one: left to vLLM (no variable set, the label unchanged).
+    for spec in (None, "mtp:1", "ngram:3"):
+        t = Topology(model="mimo-py-18m", pp=2, spec=spec, layer_partition="auto")
+        assert t.layer_partition is None and PARTITION_ENV not in t.vllm_env()
+    assert auto_partition(8, 4, 2) in {(2, 2, 3, 1), (3, 2, 2, 1), (2, 3, 2, 1)}
+    assert auto_partition(8, 2, 0) == (4, 4) and auto_partition(7, 2, 0) == (4, 3)
+    with pytest.raises(TopologyError, match="layer_partition auto needs pp > 1"):
+        Topology(model="tiny-mimo", pp=1, layer_partition="auto")

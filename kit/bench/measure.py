@@ -275,9 +275,11 @@ def register(sub) -> None:
     p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[;KEY=VALUE]",
                    help="also run every grid row with this environment, labelled [LABEL], interleaved with the rows "
                         "without it, e.g. 'off:KIT_PATCHES=all,-pp_microbatches' (a patch off and on side by side)")
-    p.add_argument("--layer-partition", action="append", default=[], metavar="N,N[,...]",
+    p.add_argument("--layer-partition", action="append", default=[], metavar="N,N[,...]|auto",
                    help="also run each grid row whose PP has this many stages with these decoder layers per stage "
-                        "(Topology.layer_partition, vLLM's VLLM_PP_LAYER_PARTITION), labelled [layers N-N]; repeatable")
+                        "(Topology.layer_partition, vLLM's VLLM_PP_LAYER_PARTITION), labelled [layers N-N]; 'auto': "
+                        "each PP>1 row with the split Topology picks for it, where that is not the even one; "
+                        "repeatable")
     p.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
     p.add_argument("--write", default=None, metavar="FILE",
                    help="also write the table into FILE (e.g. docs/results/bench.md), replacing this command's block")
@@ -357,7 +359,8 @@ def run(args: argparse.Namespace) -> int:
     batches = check_counts(args.batch, "--batch") if args.batch else None
     timing = args.breakdown or args.holdout
     variants = parse_variants(args.variant)
-    splits = [parse_partition(x) for x in args.layer_partition]
+    auto = any(x.strip().lower() == "auto" for x in args.layer_partition)
+    splits = [parse_partition(x) for x in args.layer_partition if x.strip().lower() != "auto"]
     grid_pps = [] if args.only_extras or args.from_runs else check_counts(args.pp, "--pp")
     if (odd := [x for x in splits if len(x) not in grid_pps]):
         raise TopologyError(f"--layer-partition {','.join(map(str, odd[0]))}: no --pp size of the grid has "
@@ -368,8 +371,11 @@ def run(args: argparse.Namespace) -> int:
             t = Topology(**common, pp=pp, spec=None if spec == "none" else spec, enforce_eager=not args.compiled)
             cases.append((f"pp{pp} {spec}", t, None))
             cases += [(f"pp{pp} {spec} [{name}]", t, env) for name, env in variants]
+            parts = [part for part in splits if len(part) == pp]
+            if auto and pp > 1 and (a := t.with_(layer_partition="auto").layer_partition) and a not in parts:
+                parts.append(a)  # auto's split where it is not the even one, labelled by the split it picked
             cases += [(f"pp{pp} {spec} {LAYERS_VARIANT}{'-'.join(map(str, part))}]", t.with_(layer_partition=part), None)
-                      for part in splits if len(part) == pp]
+                      for part in parts]
     if args.patch_cost and not args.from_runs:
         for pp in check_counts(args.patch_cost_pp, "--patch-cost-pp"):
             t = Topology(**common, pp=pp, enforce_eager=not args.compiled)

@@ -10,16 +10,7 @@ that split next to the even one, which checks the prediction on rows it was not 
 """
 from __future__ import annotations
 
-import itertools
-
-
-def even_partition(num_layers: int, pp: int) -> tuple[int, ...]:
-    """vLLM 0.32's split without ``VLLM_PP_LAYER_PARTITION`` (``vllm.distributed.utils.get_pp_indices``): equal
-    shares, one more layer for each of the remainder's stages counted back from the second-to-last."""
-    parts = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
-        parts[-i] += 1
-    return tuple(parts)
+from kit.core.partition import best_split, even_partition  # noqa: F401 - even_partition: the public name here too
 
 
 def stage_model(busy_ms: list[float], partition: tuple[int, ...]) -> tuple[float, list[float]]:
@@ -34,15 +25,8 @@ def balanced_partition(busy_ms: list[float], partition: tuple[int, ...]) -> tupl
     """The split of the same layers that minimises the busiest stage under :func:`stage_model` (ties: the split
     closest to ``partition``), and the busy time per stage it predicts."""
     per_layer, extra = stage_model(busy_ms, partition)
-    total, pp = sum(partition), len(partition)
-
-    def cost(p: tuple[int, ...]) -> list[float]:
-        return [n * per_layer + e for n, e in zip(p, extra)]
-
-    splits = [tuple(b - a for a, b in zip((0, *cut), (*cut, total)))
-              for cut in itertools.combinations(range(1, total), pp - 1)]
-    best = min(splits, key=lambda p: (round(max(cost(p)), 9), sum(abs(a - b) for a, b in zip(p, partition))))
-    return best, cost(best)
+    best = best_split(sum(partition), per_layer, extra, partition)
+    return best, [n * per_layer + e for n, e in zip(best, extra)]
 
 
 def split_lines(records: list[dict], num_layers: dict[str, int]) -> list[str]:

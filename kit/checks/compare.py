@@ -113,8 +113,9 @@ def register(sub) -> None:
     p.add_argument("--compiled", action="store_true", help="torch.compile instead of enforce_eager")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--layer-partition", default=None, metavar="N,N[,...]",
-                   help="decoder layers per PP stage, first stage first (vLLM's VLLM_PP_LAYER_PARTITION), e.g. 5,3")
+    p.add_argument("--layer-partition", default=None, metavar="N,N[,...]|auto",
+                   help="decoder layers per PP stage, first stage first (vLLM's VLLM_PP_LAYER_PARTITION), e.g. 5,3; "
+                        "auto: one layer off the last stage per drafter pass (kit.core.partition.auto_partition)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="> 0: a sampled run (request i seeded --seed + i): acceptance per draft position against "
                         "the target's probabilities of the drafts, instead of comparing greedy tokens")

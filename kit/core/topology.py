@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kit.core.cores import core_ranges, cpu_count, omp_threads_bind  # noqa: F401 - omp_threads_bind is imported from here too
+from kit.core.partition import auto_partition, even_partition
 from kit.core.models import (
     ModelError,
     ModelInfo,
@@ -103,13 +104,17 @@ class Topology:
     runner: str = "auto"
     # Decoder layers per PP stage, first stage first (vLLM's VLLM_PP_LAYER_PARTITION); None = vLLM's even split.
     # The drafter (MTP layers, Eagle3 head) always runs on the last stage, on top of its share: (5, 3) for an
-    # 8-layer model with MTP moves one target layer off the stage that also drafts.
-    layer_partition: tuple[int, ...] | None = None
+    # 8-layer model with MTP moves one target layer off the stage that also drafts. "auto": the split
+    # kit.core.partition.auto_partition picks from the drafter's passes per step (the even split, None, where it is
+    # no better).
+    layer_partition: tuple[int, ...] | str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.spec, str):
             object.__setattr__(self, "spec", Spec.parse(self.spec))
-        if isinstance(self.layer_partition, (str, list)):
+        if isinstance(self.layer_partition, str) and self.layer_partition.strip().lower() == AUTO:
+            object.__setattr__(self, "layer_partition", self._auto_partition())
+        elif isinstance(self.layer_partition, (str, list)):
             object.__setattr__(self, "layer_partition", parse_partition(self.layer_partition))
         self.validate()
         dtype, _ = model_requirements(self.info, self.device, self.spec)
@@ -212,6 +217,16 @@ class Topology:
             raise TopologyError("a multi-node topology takes no PD role: its nodes form one engine")
         if self.device == "cpu" and n > cpu_count():
             raise TopologyError(f"nodes={n} local CPU nodes need a core each; this machine gives {cpu_count()}")
+
+    def _auto_partition(self) -> tuple[int, ...] | None:
+        """``layer_partition="auto"``: :func:`kit.core.partition.auto_partition` for this model, PP size and
+        drafter (k passes per step for a drafter model, none for n-gram); None where that is vLLM's even split."""
+        if self.pp < 2:
+            raise TopologyError("layer_partition auto needs pp > 1 (it splits the decoder layers over the PP stages)")
+        n = self.info.num_layers
+        passes = self.spec.k if self.spec is not None and self.spec.method != "ngram" else 0
+        part = auto_partition(n, self.pp, passes)
+        return None if part == even_partition(n, self.pp) else part
 
     def _validate_partition(self) -> None:
         part = self.layer_partition
@@ -468,13 +483,16 @@ class Topology:
 PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 
 
+AUTO = "auto"  # layer_partition="auto"
+
+
 def parse_partition(text: "str | list | tuple") -> tuple[int, ...]:
     """``"5,3"`` or ``[5, 3]`` -> ``(5, 3)`` (one :class:`TopologyError` line when it is not whole numbers)."""
     items = str(text).split(",") if isinstance(text, str) else list(text)
     try:
         return tuple(int(str(x).strip()) for x in items)
     except ValueError:
-        raise TopologyError(f"layer_partition wants whole numbers of layers per stage like 5,3, got {text!r}") from None
+        raise TopologyError(f"layer_partition wants whole numbers of layers per stage like 5,3, or auto, got {text!r}") from None
 
 
 # Loopback only, for every process of a one-node topology. Without these, vLLM's workers bind the machine's
