@@ -89,10 +89,6 @@ REMEASURE: dict[tuple[str, str], str] = {
         "kit pd --producer-spec mtp:2 --consumer-spec mtp:2 --limit 8 --max-tokens 40 --router vllm-router --json",
     ("pd.md", "Push handoffs on 2 cores, before and after the NIXL patches"):
         "kit pd --producer-pp 2 --producer-spec mtp:2 --consumer-spec mtp:2 --limit 8 --max-tokens 40 --json",
-    # README.md quotes these two runs (17:16 UTC: 438 passed, 1 xfailed, 1665 s; 17:46 UTC: the notebooks' times).
-    ("tests.md", "Default selection, 2026-12-02 17:16 UTC"):
-        "./test.sh; kit test-report --junit runs/junit/FILE.xml --write docs/results/tests.md",
-    ("tests.md", "`./run.sh`, 2026-12-02 17:46 UTC"): "./run.sh",
     # docs/status.md quotes it (KV transfer timeouts reported with their cause).
     ("tests.md", "Fault injection, 2026-12-01"):
         "./test.sh -m reliability; kit test-report --junit runs/junit/FILE.xml --write docs/results/tests.md",
