@@ -354,10 +354,12 @@ claim(with_drafts > 0 and not late, f"each of the {with_drafts} steps that verif
       "were proposed", late)
 
 # %% [markdown]
-# ## The pipeline before and after: vLLM's own loop against the kit's micro-batches
-# **Predict, then run:** the same two prompts again at PP=2, once more on an engine with `pp_microbatches` off
-# (vLLM 0.32's own step loop, every other kit patch on). Drawn over the same span of time, how many steps will
-# start on rank 0 while the previous step is still on the last rank, and how busy will each stage be?
+# ## The pipeline before and after: stock vLLM, vLLM's own loop with the gate, the kit's micro-batches
+# **Predict, then run:** the same two prompts again at PP=2 on two more engines: one with `pp_microbatches` off
+# (vLLM 0.32's own step loop, every other kit patch on), and one as stock vLLM 0.32 runs it (the scheduling gate
+# off too). Drawn over the same span of time, how many steps will start on rank 0 while the previous step is still
+# on the last rank, and how busy will each stage be? And what will stock vLLM do with a request whose step is
+# still in flight?
 #
 # <details><summary>Answer</summary>
 #
@@ -365,9 +367,13 @@ claim(with_drafts > 0 and not late, f"each of the {with_drafts} steps that verif
 # before it schedules the next, so one stage always waits for the other. With it the requests take turns, and the
 # two stages compute at the same time for at least half of the decode steps. The cell prints this run's counts and
 # each stage's busy share.
+#
+# Stock vLLM schedules it again: the gate-off panel has no empty step, every step carries both requests though
+# the step before carried them too, and the tokens go wrong. Notebook 06 follows that from the wrong token to
+# the row of logits it was read from.
 # </details>
 #
-# The figure is animated: **Play** (or drag the slider under it) runs time forward in both panels at once, a dotted
+# The figure is animated: **Play** (or drag the slider under it) runs time forward in all panels at once, a dotted
 # line marking "now", so you can watch each step enter rank 0, move on to rank 1 and leave. Before you press it,
 # it shows the whole span.
 
@@ -375,7 +381,13 @@ claim(with_drafts > 0 and not late, f"each of the {with_drafts} steps that verif
 before = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=TRACE_PP, spec=SPEC),
                           trace_prompts, max_tokens=TRACE_TOKENS, env={"KIT_PATCHES": "all,-pp_microbatches"})
 trace_before = steptrace.merge(before["trace"])
-runs = {"pp_microbatches off (vLLM 0.32's loop)": trace_before, "pp_microbatches on (the kit's default)": trace}
+stock = traced_placement(Topology(model=MODEL, random_weights=RANDOM_WEIGHTS, pp=TRACE_PP, spec=SPEC), trace_prompts,
+                         max_tokens=TRACE_TOKENS,
+                         env={"KIT_PATCHES": "all,-pp_spec_schedule_gate,-pp_microbatches,-decode_side_pp_spec_rule"})
+trace_stock = steptrace.merge(stock["trace"])
+runs = {"gate off too (stock vLLM 0.32: wrong tokens)": trace_stock,
+        "pp_microbatches off (vLLM 0.32's loop with the gate)": trace_before,
+        "pp_microbatches on (the kit's default)": trace}
 t_off, t_on = steptrace.summary(trace_before), steptrace.summary(trace)
 from kit.lab.pipeline_plots import busy_share, decode_left_ms, decode_window, pipeline_lanes
 # Eight decode steps of the unpipelined run, or less where a run has no steps left to draw (a short run).
@@ -393,14 +405,17 @@ display(Markdown(
     f"{t_off['reqs_per_step']:.1f}: {1000 * t_off['period'] / t_off['reqs_per_step']:.1f} ms per request off, "
     f"{1000 * t_on['period'] / t_on['reqs_per_step']:.1f} ms on: per request the micro-batched run was "
     f"{'faster' if per_req_on < per_req_off else 'not faster'}). Busy share of the span drawn, per stage: off "
-    + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[0]]) + "; on "
-    + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[1]]) + ". Empty steps between the first and the last "
+    + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[1]]) + "; on "
+    + ", ".join(f"{100 * b:.0f} %" for b in busy[list(runs)[2]]) + ". Empty steps between the first and the last "
     f"decode step (the outlined bars): {t_off['empty_steps']} off, {t_on['empty_steps']} on."))
 
 # %% [markdown]
-# **What it shows:** in the upper panel the bars form a staircase: a step on rank 0, then the same step on rank 1
-# (its grey part waiting for rank 0's hidden states), then no computing on rank 0 until the step's drafts are back.
-# In the lower panel the requests alternate, one colour per micro-batch (the same colour in both panels), and rank 0
+# **What it shows:** the top panel is stock vLLM: the steps follow each other with no empty step, each carrying both
+# requests although the step before carried them too (they were in flight): that is the defect, and its tokens
+# differ from the others' (claimed below). In the middle panel the bars form a staircase: a step on rank 0, then the
+# same step on rank 1 (its grey part waiting for rank 0's hidden states), then no computing on rank 0 until the
+# step's drafts are back, and every second step is empty (both requests in flight). In the bottom panel the
+# requests alternate, one colour per micro-batch (the same colour in every panel), and rank 0
 # starts one request's step while rank 1 still computes the other's. An outlined bar is an empty step: the engine
 # core sent a step with no request in it because every running request was in flight. The trace has no timestamp
 # for such a step (nothing computed), so it is drawn over the gap on each rank between the computed steps around it
@@ -417,6 +432,12 @@ claim(ov_off == 0 and t_off["decode_steps"] > 0,
       f"(0 of {t_off['decode_steps']})", ov_off)
 claim(ov_on >= t_on["decode_steps"] // 2 and ov_on > 0,
       f"with it on {ov_on} of {t_on['decode_steps']} decode steps did", ov_on)
+from kit.checks.inflight import rides
+stock_rides = rides(trace_stock)
+claim(len(stock_rides) > 0 and stock["generation"].token_ids != traced.token_ids,
+      f"with the gate off too (stock vLLM 0.32), {len(stock_rides)} steps carried a request still in flight and the "
+      "tokens differ from the other runs' (notebook 06 follows them to the row of logits they were read from)",
+      stock_rides[:4])
 claim(traced.token_ids == before["generation"].token_ids and
       traced.spec.num_accepted_tokens == before["generation"].spec.num_accepted_tokens,
       f"both runs generated the same {traced.num_generated} tokens with the same "

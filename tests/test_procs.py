@@ -221,3 +221,21 @@ def test_a_live_semaphore_of_another_run_survives_a_guard_ending(tmp_path):
         if holder:
             holder.stdin.close()
             holder.wait(timeout=30)
+
+
+def test_a_worker_killed_just_after_its_retitling_is_named_as_it_last_logged(tmp_path):
+    """Seen in the side-by-side fault test: the killed worker was reported as VLLM::Worker, its title at the last
+    poll, though it had retitled itself VLLM::Worker_PP1 just before the kill. Its log lines name it."""
+    from kit.engine.procs import ManagedProcess
+
+    log = tmp_path / "engine.log"
+    log.write_text("(VllmWorker-1 pid=26497) INFO starting\n(Worker_PP1 pid=26497) INFO loading\n"
+                   "(Worker_PP0 pid=26496) INFO loading\n")
+    mp = ManagedProcess.__new__(ManagedProcess)  # the method reads log_path only
+    mp.log_path = log
+    assert mp._logged_title(26497, "VLLM::Worker") == "VLLM::Worker_PP1"
+    assert mp._logged_title(26497, "VLLM::Worker_PP1") == "VLLM::Worker_PP1"
+    assert mp._logged_title(26497, "VLLM::EngineCore") == "VLLM::EngineCore"  # a name the log gives is no refinement
+    assert mp._logged_title(11111, "VLLM::Worker") == "VLLM::Worker"
+    mp.log_path = tmp_path / "missing.log"
+    assert mp._logged_title(26497, "VLLM::Worker") == "VLLM::Worker"

@@ -251,8 +251,26 @@ class ManagedProcess:
             key = f"{title} (pid {p.pid})"
             if rss > self.peak_rss.get(key, 0):
                 self.peak_rss[key] = rss
-        dead = [f"{t} (pid {pid})" for pid, t in self._seen.items() if pid not in current]
+        dead = [f"{self._logged_title(pid, t)} (pid {pid})" for pid, t in self._seen.items() if pid not in current]
         return ", ".join(dead) if dead else None
+
+    def _logged_title(self, pid: int, title: str) -> str:
+        """``title``, or the more specific name the process last logged under: vLLM prefixes a worker's log lines
+        with it (``(Worker_PP1 pid=26497)``), and a worker killed just after it retitled itself from
+        ``VLLM::Worker`` to ``VLLM::Worker_PP1``, between two polls, was only ever seen with the first."""
+        if self.log_path is None or not title.startswith("VLLM::"):
+            return title
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - 1_000_000))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return title
+        names = re.findall(rf"\((\w+) pid={pid}\)", text)
+        short = title.removeprefix("VLLM::")
+        if names and names[-1] != short and names[-1].startswith(short):
+            return "VLLM::" + names[-1]
+        return title
 
     def fail(self, what: str) -> ProcessFailed:
         lines = root_cause(self.log_path) + _disk_hint(self.log_path)
