@@ -19,7 +19,9 @@ def port_is_free(port: int, host: str = LOOPBACK) -> bool:
 
 
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-_LOWEST = 10000  # below this sit well-known and registered services
+# Below this sit well-known and registered services, and Ray's worker ports (10002-19999 by default), which Ray
+# refuses to share with any port the kit gives its other components.
+_LOWEST = 20000
 
 
 def ephemeral_range() -> tuple[int, int]:
@@ -32,7 +34,8 @@ def ephemeral_range() -> tuple[int, int]:
 
 
 def _pool() -> range | None:
-    """Ports outside the ephemeral range to pick from, or None when there is no room for a pool of 2,000."""
+    """Ports outside the ephemeral range (and above Ray's worker ports) to pick from, or None when there is no room
+    for a pool of 2,000."""
     lo, hi = ephemeral_range()
     if lo - _LOWEST >= 2000:
         return range(_LOWEST, lo)
