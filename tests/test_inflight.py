@@ -58,3 +58,12 @@ def test_the_rows_a_request_read_name_their_owner():
     assert inflight.rows_read(ev, "r0", 1) == {"own": [0, 2], "read": [3, 0, 1], "owners": ["r1", "r0", "r0"]}
     assert inflight.rows_read(ev, "r1", 1)["owners"] == ["r0", "r1", "r1"]
     assert inflight.rows_read(ev, "r0", 0) is None  # no record: no drafts verified there
+
+
+def test_the_rows_figure_rings_only_reads_from_another_requests_rows():
+    from kit.lab.rows_plot import rows_figure
+
+    rows = {"r0": {"own": [0, 2], "read": [3, 0, 1]}, "r1": {"own": [2, 4], "read": [1, 2, 3]}}
+    assert [inflight.row_owner(rows, x) for x in (0, 1, 2, 3, 4)] == ["r0", "r0", "r1", "r1", None]
+    fig = rows_figure(rows)
+    assert [list(d.text) for d in fig.data] == [["logit 0 from r1's row 3", "", ""], ["logit 0 from r0's row 1", "", ""]]

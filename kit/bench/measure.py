@@ -49,7 +49,7 @@ from kit.core.results import (
     versions,
     write_block,
 )
-from kit.core.topology import Topology, TopologyError, parse_partition
+from kit.core.topology import AUTO, Topology, TopologyError, parse_partition
 from kit.core.validate import arg_count, check_counts, check_max_tokens
 from kit.engine import SEPARATE_ENGINE_CORE_ENV
 from kit.engine import run as run_engine
@@ -359,8 +359,8 @@ def run(args: argparse.Namespace) -> int:
     batches = check_counts(args.batch, "--batch") if args.batch else None
     timing = args.breakdown or args.holdout
     variants = parse_variants(args.variant)
-    auto = any(x.strip().lower() == "auto" for x in args.layer_partition)
-    splits = [parse_partition(x) for x in args.layer_partition if x.strip().lower() != "auto"]
+    auto = any(x.strip().lower() == AUTO for x in args.layer_partition)
+    splits = [parse_partition(x) for x in args.layer_partition if x.strip().lower() != AUTO]
     grid_pps = [] if args.only_extras or args.from_runs else check_counts(args.pp, "--pp")
     if (odd := [x for x in splits if len(x) not in grid_pps]):
         raise TopologyError(f"--layer-partition {','.join(map(str, odd[0]))}: no --pp size of the grid has "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from kit.worker.steptrace import steps
 
+
 def rides(events: list[dict]) -> list[dict]:
     """Every step on rank 0 in which a request verifies drafts although the step just before it carried that
     request too (it was in flight).
@@ -66,8 +67,9 @@ def rows_read(events: list[dict], req: str, step: int) -> dict | None:
     rows = (sm or {}).get("rows") or {}
     if req not in rows:
         return None
+    return {**rows[req], "owners": [row_owner(rows, x) for x in rows[req]["read"]]}
 
-    def owner(row: int) -> str | None:
-        return next((r for r, v in rows.items() if v["own"][0] <= row < v["own"][1]), None)
 
-    return {**rows[req], "owners": [owner(x) for x in rows[req]["read"]]}
+def row_owner(rows: dict[str, dict], row: int) -> str | None:
+    """The request whose own rows (``rows[req]["own"]``: [first, end) of a sample event's ``rows``) hold ``row``."""
+    return next((r for r, v in rows.items() if v["own"][0] <= row < v["own"][1]), None)

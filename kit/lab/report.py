@@ -393,15 +393,13 @@ def register(sub) -> None:
                         "(docs/results/tests.md); only after executing every notebook")
 
 
-def run_block(rows: list[dict], setup_note: str = "") -> str:
+def run_block(rows: list[dict]) -> str:
     """The body of the ``./run.sh`` results block: total, then per notebook its time, claims held and result."""
     total = sum(r["seconds"] or 0 for r in rows)
     failed = [r["stem"] for r in rows if r["error"]]
     lines = [f"**{len(rows) - len(failed)} of {len(rows)} notebooks ok; {total:.0f} s in all "
              f"({total / 60:.1f} minutes, the sum of the notebooks' run times; the target is 15 minutes)**"
              + (f"; failed: {', '.join(failed)}" if failed else "") + ".", ""]
-    if setup_note:
-        lines += [setup_note, ""]
     lines += ["| notebook | time | claims held | result |", "|---|---|---|---|"]
     for r in rows:
         held, made = claim_count(r)

@@ -8,6 +8,7 @@ owns that row; a read outside its own band is ringed in red and labelled. Takes 
 """
 from __future__ import annotations
 
+from kit.checks.inflight import row_owner
 from kit.lab.plots import REQ_COLORS
 
 WRONG = "#b2182b"
@@ -23,9 +24,6 @@ def rows_figure(rows: dict[str, dict], labels: dict[str, str] | None = None, tit
     color = {r: REQ_COLORS[i % len(REQ_COLORS)] for i, r in enumerate(reqs)}
     n_rows = max(v["own"][1] for v in rows.values())
 
-    def owner(row: int) -> str | None:
-        return next((r for r, v in rows.items() if v["own"][0] <= row < v["own"][1]), None)
-
     fig = go.Figure()
     for lane, r in enumerate(reqs):
         a, b = rows[r]["own"]
@@ -33,7 +31,7 @@ def rows_figure(rows: dict[str, dict], labels: dict[str, str] | None = None, tit
                       fillcolor=color[r], opacity=0.25, layer="below")
         xs, cs, sym, text = [], [], [], []
         for j, row in enumerate(rows[r]["read"]):
-            o = owner(row)
+            o = row_owner(rows, row)
             xs.append(row)
             cs.append(color.get(o, "#000000"))
             ok = o == r
@@ -46,7 +44,8 @@ def rows_figure(rows: dict[str, dict], labels: dict[str, str] | None = None, tit
                                                                   color=[c if t == "" else WRONG
                                                                          for c, t in zip(cs, text)])),
             name=labels.get(r, r), showlegend=False,
-            hovertext=[f"{labels.get(r, r)}: logit {j} read from row {x} ({owner(x)}'s)" for j, x in enumerate(xs)],
+            hovertext=[f"{labels.get(r, r)}: logit {j} read from row {x} ({row_owner(rows, x)}'s)"
+                       for j, x in enumerate(xs)],
             hoverinfo="text"))
     fig.update_layout(
         title=dict(text=title, font=dict(size=14)), height=120 + 70 * len(reqs), margin=dict(l=10, r=10, t=60, b=40),

@@ -92,7 +92,7 @@ def logits_rows(runner) -> dict | None:
     if md is None:
         return None
     so = st.scheduler_output
-    ids = [r for r in runner.input_batch.req_ids[:len(so.num_scheduled_tokens)]]
+    ids = runner.input_batch.req_ids[:len(so.num_scheduled_tokens)]
     n_rows = int(st.hidden_states.shape[0])
     read = [int(i) % n_rows for i in md.logits_indices.tolist()]
     out, start, at = {}, 0, 0
