@@ -116,12 +116,11 @@ def _batch_rows(n: int) -> list[dict]:
     return rows
 
 
-def _log_rounds(metadata, output_token_ids, placeholder: int, rows: list[dict] | None = None) -> None:
-    """Append one entry per request row of this verify batch to ``_LOG`` (until it holds ``limit`` rows)."""
+def _log_rounds(metadata, output_token_ids, placeholder: int, rows: list[dict]) -> None:
+    """Append one entry per request row of this verify batch (``rows``: :func:`_batch_rows`) to ``_LOG`` (until it
+    holds ``limit`` rows)."""
     out = output_token_ids.cpu().tolist()
     drafts = metadata.draft_token_ids.cpu().tolist()
-    n_rows = len(metadata.num_draft_tokens)
-    rows = rows if rows is not None else [{} for _ in range(n_rows)]
     step = _LOG["steps"]
     _LOG["steps"] += 1
     start = 0
