@@ -34,6 +34,8 @@
 # | `04_pd_kv_handoff` | what moves from producer to consumer, and are the tokens still right? |
 # | `05_does_it_pay` | when does speculation pay, at PP=1 and PP=2 (the break-even acceptance rate a\*)? |
 # | `06_debugging` | a wrong token: tie or bug, which part of the topology, which step, which patch? |
+#
+# This notebook runs in about 90 s on 2 cores (three engines); each engine cell says how long it takes.
 
 # %% tags=["parameters"]
 # Parameters (papermill / CI can override these)
@@ -58,6 +60,7 @@ kit.lab.notebook.setup()
 # folded under it (click to open), and opens by itself when a patch failed.
 
 # %%
+# about 13 s on 2 cores: kit doctor imports vLLM and torch (no engine)
 if SHOW_DOCTOR:
     kit.lab.notebook.show_doctor()
 
@@ -68,6 +71,7 @@ if SHOW_DOCTOR:
 # shows the phase; the cell prints how long it took on this machine, and how much of that was vLLM starting.
 
 # %%
+# about 55 s on 2 cores: two engines, the reference and the topology
 import time
 from kit.core.topology import Topology
 from kit.checks.compare import compare, load_prompts
@@ -143,6 +147,7 @@ claim(acc.num_accepted_tokens > 0 and acc.num_drafts < generated,
 # </details>
 
 # %%
+# about 20 s on 2 cores: one engine, the gate off
 from kit import engine
 from kit.checks.compare import first_divergence
 broken = engine.generate(topo, prompts, max_tokens=MAX_TOKENS, env={"KIT_PATCHES": BREAK_PATCHES})

@@ -33,6 +33,8 @@
 #
 # Words used here (Eagle3, stage and rank, KV cache, ...) are defined in the
 # [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
+#
+# About 100 s on 2 cores (four engines); each engine cell says how long it takes.
 
 # %% tags=["parameters"]
 MODEL = "tiny-llama-swa-trained"
@@ -146,6 +148,7 @@ claim([n for n, r in answer.items() if r["clash"]] == [6], "at PP=2 only the 6-l
 # One engine at `PP` with the drafter (and a reference engine further down), each with its status line.
 
 # %%
+# about 25 s on 2 cores: one engine
 from kit import engine
 topo = Topology(model=MODEL, pp=PP, spec=SPEC)
 prompts = kit.checks.compare.load_prompts(limit=NUM_PROMPTS)
@@ -195,6 +198,7 @@ claim([(r["target"], r["draft"]) for r in built] == [(r["target"], r["draft"]) f
 # (printed above).
 
 # %%
+# about 10 s on 2 cores: the reference engine
 draft_layers = last["draft"]["attn_layers"]
 total = last["total_layers"]
 want_sliding = resolve_model(t.draft_model).config["layer_types"][0] == "sliding_attention"
@@ -219,6 +223,7 @@ claim(accepted > 0.25 * drafted,
 # predicts its draft layer's name, and the cell waits until the last rank refuses it.
 
 # %%
+# about 20 s on 2 cores: one engine with the per-rank layer count
 legacy_err, legacy = None, None
 try:
     if RUN_LEGACY:
@@ -265,6 +270,7 @@ else:
 # </details>
 
 # %%
+# about 30 s on 2 cores: one engine at the PP size without a clash
 predicted = eagle3_layer_names(n_layers, NO_CLASH_PP, "per_rank")[-1]
 idx = int(predicted["draft"].split(".")[2])
 target_kind, draft_kind = t.config["layer_types"][idx], d.config["layer_types"][0]

@@ -19,6 +19,8 @@
 #
 # Words used here (PD, NIXL push / pull, handshake, colocated, ...) are defined in the
 # [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
+#
+# About 2.5 minutes on 2 cores (PD pairs of two servers, and plain engines beside them); each engine cell says how long it takes.
 
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"
@@ -69,6 +71,7 @@ for rank in range(producer.pp):
 # consumer servers, one status line per engine or server.
 
 # %%
+# about 90 s on 2 cores: the reference engine, one PD pair and the colocated engine
 from kit import engine
 prompts = load_prompts(limit=NUM_PROMPTS)
 # The reference: one plain engine, PP=1, no speculation (kept for the second pair further down).
@@ -244,6 +247,7 @@ display(Markdown(
 # </details>
 
 # %%
+# about 60 s on 2 cores: a second PD pair
 # Push from a PP=2 producer is the only 0.32 NIXL path that leaves one consumer layer out (each producer stage
 # writes its own layers; nobody writes the MTP layer's region). The consumer here runs at PP=1.
 no_mtp_producer = producer.with_(pp=2, spec=None)
@@ -345,6 +349,7 @@ display(Markdown(
 # same rule before it starts anything, so the refusal below comes before any vLLM process starts.
 
 # %%
+# under a second: refused before any process starts
 from kit import engine
 from kit.core.topology import Topology, TopologyError
 t = Topology(model=MODEL, random_weights=True, pp=2, spec="mtp:1")   # a decode-side engine: no PD producer role

@@ -29,6 +29,8 @@
 #
 # Words used here (verify round, acceptance rate, occupancy, ...) are defined in the
 # [Glossary](00_start_here.ipynb#Glossary) of notebook 00.
+#
+# About 80 s on 2 cores, nearly all of it in the live run's engine cell, which says so.
 
 # %% tags=["parameters"]
 MEASURED_JSON = "../docs/results/bench.json"   # written by the full `kit bench ... --breakdown --write-json`
@@ -288,6 +290,7 @@ claim(all(max(K_SEARCH) not in v.values() for v in best.values()),
 # </details>
 
 # %%
+# about 70 s on 2 cores: one engine per setting of the live run
 from kit.bench import aggregate, measure_batches, payoff_rows
 from kit.checks.compare import load_prompts
 from kit.core.topology import Topology

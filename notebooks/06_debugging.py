@@ -17,8 +17,8 @@
 #
 # Words used here (verify round, in flight, empty step, reference margin, engine core, ...) are defined in the
 # [Glossary](00_start_here.ipynb#Glossary) of notebook 00. Notebook 00 shows the same defect in one picture; this
-# one finds its root cause as you would for a defect you do not know yet. About 2 minutes on 2 cores (five small
-# engines, each printing its phase while it runs).
+# one finds its root cause as you would for a defect you do not know yet. About 100 s on 2 cores (five small
+# engines, each printing its phase while it runs); each engine cell says how long it takes.
 
 # %% tags=["parameters"]
 MODEL = "tiny-mimo"      # the trained checkpoint: its drafts are accepted, so the bug has drafts to misplace
@@ -56,6 +56,7 @@ prompts = load_prompts(limit=NUM_PROMPTS)
 # its first divergence: near 0, or several nats?
 
 # %%
+# about 40 s on 2 cores: the reference and the traced suspect engine
 from kit.checks.placement import traced_placement
 from kit.engine.result import first_divergence
 from kit.lab import tokens_view
@@ -103,6 +104,7 @@ claim(fd["reference_margin"] is not None and fd["reference_margin"] > 0.1,
 # </details>
 
 # %%
+# about 30 s on 2 cores: two engines, one part of the topology each
 alone = {}
 for label, t in (("PP=1 + " + SPEC, topo.with_(pp=1)), (f"PP={PP}, no drafts", topo.with_(spec=None))):
     g = engine.generate(t, prompts, max_tokens=MAX_TOKENS, env={"KIT_PATCHES": BROKEN})
@@ -223,6 +225,7 @@ display(Markdown(f"**`{p.name}`**: {p.summary}\n\n*Why:* {p.why}\n\n*Upstream:* 
                  f"*Removal:* {p.removal}"))
 
 # %%
+# about 20 s on 2 cores: one traced engine, the gate on
 fixed_run = traced_placement(topo, prompts, max_tokens=MAX_TOKENS, env={"KIT_PATCHES": FIXED})
 trace_fixed = steptrace.merge(fixed_run["trace"])
 r_fixed = inflight.rides(trace_fixed)

@@ -94,7 +94,7 @@ def kit_dirs(tmp_path, monkeypatch):
     src, out = tmp_path / "notebooks", tmp_path / "reports"
     for stem in ("06_later", "02_third", "01_second", "00_first"):  # written out of order: the order is the names'
         _source(src, stem)
-    _source(out, "00_first", body="**Takeaway:** it holds, token for token.", fig=True,
+    _source(out, "00_first", body="About 90 s on 2 cores.\n\n**Takeaway:** it holds, token for token.", fig=True,
             claims=["one", "two", "three"], seconds=95.1)
     _source(out, "01_second", fig=True, claims=["four"], seconds=226.6,
             error=("AssertionError", "the tokens are equal: does not hold (3 differ)"))
@@ -257,8 +257,9 @@ def test_kit_report_write_records_the_run_as_a_results_block(kit_dirs, monkeypat
     (b,) = blocks(text)
     assert HEADER.search(b.group("body")) and "Command: `kit report --out" in text
     assert "**3 of 4 notebooks ok; 342 s in all (5.7 minutes" in text and "failed: 01_second" in text
-    assert "| 00_first | 95 s | 3 of 3 | ok |" in text
-    assert "| 01_second | 227 s | 1 of 2 | failed: AssertionError" in text
+    assert "| 00_first | 95 s | 3 of 3 | 1 of 1 | ok |" in text  # "About 90 s" against 95 s: within 30 %
+    assert "| 01_second | 227 s | 1 of 2 | 0 of 0 | failed: AssertionError" in text
+    assert "outside ±30 %: none." in text
 
 
 def test_kit_report_write_wants_a_whole_run(kit_dirs, tmp_path):

@@ -27,7 +27,7 @@ from pathlib import Path
 from kit.core.flags import add_command
 from kit.core.models import REPO_ROOT
 from kit.core.topology import TopologyError
-from kit.lab import thumbnails
+from kit.lab import cell_times, thumbnails
 
 NOTEBOOKS = REPO_ROOT / "notebooks"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -190,7 +190,7 @@ def summarize(executed: Path) -> dict:
     nb = json.loads(executed.read_text())
     pm = nb.get("metadata", {}).get("papermill") or {}
     return {**texts(nb), "claims": claims(nb), "figure": first_figure(nb), "error": failure(nb),
-            "seconds": pm.get("duration"), "started": pm.get("start_time"), "finished": pm.get("end_time")}
+            "times": cell_times.check(nb), "seconds": pm.get("duration"), "started": pm.get("start_time"), "finished": pm.get("end_time")}
 
 
 def claim_count(row: dict) -> tuple[int, int]:
@@ -213,7 +213,7 @@ def row(nb: Path, out: Path, ran: tuple[float, str | None] | None = None) -> dic
     executed = out / nb.name
     r = {"name": nb.name, "stem": nb.stem, "ran": executed.exists() or ran is not None, "page": None,
          "notebook": None, "seconds": None, "error": None, "started": None, "finished": None, "claims": [],
-         "figure": None, "thumb": None, "thumb_error": None, "thumb_route": None}
+         "figure": None, "thumb": None, "thumb_error": None, "thumb_route": None, "times": []}
     if executed.exists():
         r.update(summarize(executed), notebook=executed.name)
         page = executed.with_suffix(".html")
@@ -393,6 +393,9 @@ def register(sub) -> None:
                         "(docs/results/tests.md); only after executing every notebook")
 
 
+TOL = f"{cell_times.TOLERANCE:.0%}".replace("%", " %")
+
+
 def run_block(rows: list[dict]) -> str:
     """The body of the ``./run.sh`` results block: total, then per notebook its time, claims held and result."""
     total = sum(r["seconds"] or 0 for r in rows)
@@ -400,11 +403,17 @@ def run_block(rows: list[dict]) -> str:
     lines = [f"**{len(rows) - len(failed)} of {len(rows)} notebooks ok; {total:.0f} s in all "
              f"({total / 60:.1f} minutes, the sum of the notebooks' run times; the target is 15 minutes)**"
              + (f"; failed: {', '.join(failed)}" if failed else "") + ".", ""]
-    lines += ["| notebook | time | claims held | result |", "|---|---|---|---|"]
+    lines += [f"| notebook | time | claims held | stated times within ±{TOL} | result |", "|---|---|---|---|---|"]
+    off = []
     for r in rows:
         held, made = claim_count(r)
-        lines.append(f"| {r['stem']} | {r['seconds'] or 0:.0f} s | {held} of {made} | "
+        good = sum(t.ok for t in r["times"])
+        off += [f"{r['stem']} {t.describe()}" for t in r["times"] if not t.ok]
+        lines.append(f"| {r['stem']} | {r['seconds'] or 0:.0f} s | {held} of {made} | {good} of {len(r['times'])} | "
                      f"{'failed: ' + r['error'] if r['error'] else 'ok'} |")
+    lines += ["", f"Stated times (`kit.lab.cell_times`: each engine cell's `# about N s` and each notebook's opening "
+              f"'About N ... on 2 cores', against papermill's durations in this run) outside ±{TOL}: "
+              + ("; ".join(off) if off else "none") + "."]
     return "\n".join(lines)
 
 
@@ -435,8 +444,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"[report] running {nb.name} ...", flush=True)
             executed, secs, err = execute(nb, out)
             ran[nb.name] = (secs, err)
-            n = len(claims(json.loads(executed.read_text()))) if executed.exists() else 0
-            print(f"[report] {nb.name}: {'FAILED: ' + err if err else 'ok'} ({secs:.0f} s, {n} claims)", flush=True)
+            done = json.loads(executed.read_text()) if executed.exists() else {}
+            n = len(claims(done)) if done else 0
+            stated = cell_times.check(done) if done and not err else []
+            times = f"; {cell_times.summary(stated)}" if stated else ""
+            print(f"[report] {nb.name}: {'FAILED: ' + err if err else 'ok'} ({secs:.0f} s, {n} claims{times})",
+                  flush=True)
+            for t in stated:
+                if not t.ok:
+                    print(f"[report]   stated time off: {t.describe()}", flush=True)
     path = write_index(out, ran)
     print(f"[report] wrote {path}")
     if write:
