@@ -79,6 +79,7 @@ def test_the_guard_removes_the_temp_folder_when_the_caller_dies(tmp_path, how):
     while os.path.exists(folder) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not os.path.exists(folder), f"{folder} left behind after the caller got {how.name}"
+    assert not os.path.exists(folder + ".shm"), "the guard's /dev/shm ledger was left behind"
 
 
 def test_leftover_temp_entries_counts_what_no_process_uses():

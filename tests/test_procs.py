@@ -162,7 +162,9 @@ def test_terminate_removes_the_shared_memory_of_a_tree_killed_with_its_guard(tmp
             p.kill()
         psutil.wait_procs(tree, timeout=10)
         assert os.path.exists(f"/dev/shm/{name}")  # what the killed tree left
+        assert os.path.exists(mp.shm_ledger)  # what the guard recorded before it was killed: read by terminate()
         mp.terminate()
+        assert not os.path.exists(mp.shm_ledger)
         leftover = os.path.exists(f"/dev/shm/{name}")
         assert not leftover, f"/dev/shm/{name} was left behind by the killed tree"
         assert os.path.exists(other), "terminate() removed an entry its tree never held"

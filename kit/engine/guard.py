@@ -12,7 +12,8 @@ A tree killed that way cannot unlink its POSIX shared memory: vLLM's shm broadca
 240 MiB each), its ``vllm*`` segments and multiprocessing semaphores (``sem.mp-*``) stay in ``/dev/shm`` (seen:
 ~900 entries after a day of runs). So the guard also removes the entries in ``/dev/shm`` that its tree made: those
 ran that its own tree was seen holding and that no live process has open or mapped any more
-(:class:`kit.engine.shm.ShmWatch`), and the tree's own temp folder (``KIT_TREE_TMPDIR``, where vLLM's ipc sockets
+(:class:`kit.engine.shm.ShmWatch`, its ledger also kept in the file ``KIT_SHM_LEDGER`` names, for whoever cleans up
+after a guard killed with its tree), and the tree's own temp folder (``KIT_TREE_TMPDIR``, where vLLM's ipc sockets
 went).
 """
 from __future__ import annotations
@@ -29,6 +30,9 @@ from kit.engine.shm import ShmWatch
 # kit.engine.procs.ManagedProcess and named in this variable; removed here when the tree has ended.
 TREE_TMP_ENV = "KIT_TREE_TMPDIR"
 TREE_TMP_PREFIX = "kit-tmp-"
+# The file the guard's ShmWatch appends the tree's /dev/shm inodes to (kit.engine.procs.ManagedProcess names it and
+# reads it if the guard was killed with its tree, so one watch serves both); removed here once the guard cleaned up.
+SHM_LEDGER_ENV = "KIT_SHM_LEDGER"
 
 
 def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
@@ -42,7 +46,8 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
         pass
     env = dict(os.environ, KIT_PARENT_PID=str(os.getpid()))  # the command's parent is now the guard
     child = subprocess.Popen(cmd, env=env)
-    shm = ShmWatch(_group_pids).start()  # what the tree holds in /dev/shm: the only entries removed at the end
+    ledger = os.environ.get(SHM_LEDGER_ENV) or None
+    shm = ShmWatch(_group_pids, file=ledger).start()  # what the tree holds in /dev/shm: the only entries removed
     stopping: list[float] = []
 
     def on_term(signum, frame) -> None:
@@ -74,6 +79,11 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
     _wait_group_gone(2.0)
     shm.remove()
     _remove_tree_tmp()
+    if ledger and os.path.basename(ledger).startswith(TREE_TMP_PREFIX):  # cleaned up: nothing left to read
+        try:
+            os.unlink(ledger)
+        except OSError:
+            pass
     os._exit(rc if rc >= 0 else 128 - rc)
 
 

@@ -26,9 +26,9 @@ from typing import Any, Callable, TypeVar
 
 import psutil
 
-from kit.engine.guard import TREE_TMP_ENV, TREE_TMP_PREFIX
+from kit.engine.guard import SHM_LEDGER_ENV, TREE_TMP_ENV, TREE_TMP_PREFIX
 from kit.engine.guard import command as guard_command
-from kit.engine.shm import SHM_DIR, ShmWatch, in_use, is_vllm_shm
+from kit.engine.shm import SHM_DIR, ShmLedger, in_use, is_vllm_shm
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 T = TypeVar("T")
@@ -171,7 +171,13 @@ class ManagedProcess:
         # its file-store rendezvous (vllm_dist_*) under tempfile.gettempdir() and never removes them (seen:
         # thousands of /tmp/<uuid> sockets). The guard removes the folder when the tree ends; terminate() too.
         self.tmpdir = tempfile.mkdtemp(prefix=tree_tmp_prefix(self.run_id))
-        full_env.update({"TMPDIR": self.tmpdir, "VLLM_RPC_BASE_PATH": self.tmpdir, TREE_TMP_ENV: self.tmpdir})
+        # The guard's record of what the tree holds in /dev/shm, beside the folder (kit-tmp-...shm, so that leak
+        # checks see it if it is left): the guard removes those entries when the tree ends, but a guard killed with its tree
+        # (SIGKILL of the whole tree, or terminate()'s own after its grace) cannot; terminate() then removes the
+        # recorded entries no live process uses.
+        self.shm_ledger = self.tmpdir + ".shm"
+        full_env.update({"TMPDIR": self.tmpdir, "VLLM_RPC_BASE_PATH": self.tmpdir, TREE_TMP_ENV: self.tmpdir,
+                         SHM_LEDGER_ENV: self.shm_ledger})
         # torch.compile's cache stays where it was (it is keyed by content, and worth keeping across runs).
         full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
         if env:
@@ -191,14 +197,6 @@ class ManagedProcess:
                 out.close()
         self.pid = self.popen.pid
         self.started = time.monotonic()
-        # What the tree holds in /dev/shm, recorded here too: the guard removes it when the tree ends, but a guard
-        # killed with its tree (SIGKILL of the whole tree, or terminate()'s own after its grace) cannot; then
-        # terminate() removes the recorded entries no live process uses. Looked at half as often as the guard does
-        # (vLLM's rings and its workers' semaphores are held for the whole run); not at all once the root is
-        # reaped (its process group's number may then be reused by another run).
-        self._shm = ShmWatch(lambda: [] if self.popen.returncode is not None else [p.pid for p in self.tree()],
-                             interval=2.0)
-        self._shm.start()
         self._seen: dict[int, str] = {}
         self.peak_rss: dict[str, int] = {}  # process title -> peak resident bytes seen
         _LIVE.add(self)
@@ -287,7 +285,6 @@ class ManagedProcess:
         /dev/shm entries its processes were seen holding that no live process uses (what the guard would have
         removed, had it not been killed too). Returns processes killed hard."""
         procs = self.tree()
-        self._shm.stop()  # a last look while the tree is alive
         self._signal_group(signal.SIGTERM, procs)
         for p in procs:
             try:
@@ -308,7 +305,11 @@ class ManagedProcess:
         except subprocess.TimeoutExpired:
             pass
         shutil.rmtree(self.tmpdir, ignore_errors=True)  # also when the guard itself was killed hard
-        self._shm.remove()
+        ShmLedger.load(self.shm_ledger).remove()  # what the guard recorded and, killed, did not remove
+        try:
+            os.unlink(self.shm_ledger)
+        except OSError:
+            pass
         _LIVE.discard(self)
         return len(alive)
 

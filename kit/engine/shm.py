@@ -80,6 +80,17 @@ class ShmLedger:
         self.inodes: set[int] = set()
         self._lock = threading.Lock()
 
+    @classmethod
+    def load(cls, path: str) -> ShmLedger:
+        """The ledger a :class:`ShmWatch` kept in the file ``path`` (one inode per line; empty if there is none)."""
+        ledger = cls()
+        try:
+            with open(path) as f:
+                ledger.inodes = {int(line) for line in f if line.strip().isdigit()}
+        except OSError:
+            pass
+        return ledger
+
     def record(self, pids: Iterable[int]) -> None:
         """Look at what ``pids`` (the run's processes) hold now."""
         _, inodes = held_by(pids)
@@ -126,11 +137,13 @@ class ShmLedger:
 class ShmWatch(ShmLedger):
     """A ledger filled by a daemon thread that looks at ``pids()`` every ``interval / 4`` for the first 10 s (when a
     run makes its segments), then every ``interval``, every ``5 * interval`` after two minutes, until :meth:`stop`
-    (which looks once more)."""
+    (which looks once more). With ``file``, each inode recorded is also appended there, so that the ledger outlives
+    the watching process (:meth:`ShmLedger.load`)."""
 
-    def __init__(self, pids: Callable[[], Iterable[int]], interval: float = 1.0) -> None:
+    def __init__(self, pids: Callable[[], Iterable[int]], interval: float = 1.0, file: str | None = None) -> None:
         super().__init__()
-        self._pids, self._interval = pids, interval
+        self._pids, self._interval, self._file = pids, interval, file
+        self._written: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kit-shm-watch", daemon=True)
 
@@ -152,6 +165,16 @@ class ShmWatch(ShmLedger):
             self.record(list(self._pids()))
         except Exception:  # noqa: BLE001 - a process list that failed once is tried again next time
             pass
+        if self._file:  # each new inode appended at once: whoever cleans up after this process was killed reads it
+            with self._lock:
+                new = self.inodes - self._written
+            if new:
+                try:
+                    with open(self._file, "a") as f:
+                        f.write("".join(f"{i}\n" for i in sorted(new)))
+                    self._written |= new
+                except OSError:
+                    pass
 
     def stop(self) -> None:
         self._stop.set()
