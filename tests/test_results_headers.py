@@ -69,11 +69,6 @@ REMEASURE: dict[tuple[str, str], str] = {
         "kit matrix --match tiny-glm4-moe --write docs/results/matrix.md",
     ("matrix.md", "Trained DeepSeek-V3 at PP 1/2/4 x MTP k 1..3"):
         "kit matrix --match deepseek-v3-trained --write docs/results/matrix.md",
-    # docs/status.md, docs/cli.md, docs/patches.md and results/README.md quote it. The old table goes with the
-    # re-run: --out writes a block next to it.
-    ("patch-startup.md", "Patch plugin start-up cost"):
-        "kit patch-overhead startup --model tiny-mimo --pp 2 --spec mtp:2 --runs 2 "
-        "--raw docs/results/patch-startup-runs.jsonl --out docs/results/patch-startup.md",
     # docs/findings.md quotes the timeline (143 decode steps, 52 empty, 181 held out; 96 with pp_spec_engine_step),
     # results/README.md the won-back speed-ups (1.17x to 1.82x). `kit trace` prints the timeline table from the
     # committed trace but writes no block yet.
