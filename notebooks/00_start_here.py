@@ -71,7 +71,7 @@ if SHOW_DOCTOR:
 # shows the phase; the cell prints how long it took on this machine, and how much of that was vLLM starting.
 
 # %%
-# about 55 s on 2 cores: two engines, the reference and the topology
+# about 45 s on 2 cores: two engines, the reference and the topology
 import time
 from kit.core.topology import Topology
 from kit.checks.compare import compare, load_prompts

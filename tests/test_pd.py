@@ -163,8 +163,48 @@ def test_main_bad_input_exits_2_before_any_server(tmp_path, capsys):
     assert main(["pd", "--model", m, *rnd, "--prompts", str(tmp_path / "none.jsonl")]) == 2
     assert main(["pd", "--model", m, *rnd, "--producer-pp", "9"]) == 2
     assert main(["pd", "--model", m, *rnd, "--consumer-pp", "2"]) == 2  # a PP=2 consumer needs a PP=2 producer
+    assert main(["pd", "--model", m, *rnd, "--write", str(tmp_path / "no-folder" / "pd.md")]) == 2
     err = capsys.readouterr().err
     assert "error" in err and all(line.startswith("kit pd: error: ") for line in err.strip().splitlines()), err
+
+
+def _pair_result(identical=True):
+    """What kit.pd.compare.pd_compare returns, the keys the results block reads."""
+    return {"identical": identical, "router": "kit", "vllm_router": None, "router_reason": "push pair",
+            "first_divergence": None if identical else {"prompt_index": 2, "position": 1, "expected": 434,
+                                                         "got": 496, "reference_margin": 0.0113},
+            "errors": [], "consumer_spec": {"num_drafts": 162, "num_accepted_tokens": 166, "per_position": [94, 72]},
+            "handoff_checks": {"no_request_errors": True, "kv_bytes_equal_expected": identical},
+            "connector_class": "NixlPushConnector", "connector_reason": "producer PP=2", "num_prompts": 8,
+            "stream": False, "concurrency": 1, "timings": {"pair_start_s": 45.04, "requests_s": 5.1, "per_request": []},
+            "handoff_ok": identical, "kv_expected": {"formula": "5 layers"},
+            "kv_bytes_transferred": 5242880, "kv_bytes_expected": 5242880 if identical else 4194304,
+            "kv_transfers": 16, "consumer_prefill_tokens_computed": 0, "consumer_external_tokens": 203,
+            "prompt_tokens": 203, "acceptance_vs_colocated": None}
+
+
+def test_a_pair_run_is_written_as_one_row_with_what_was_checked(tmp_path, monkeypatch):
+    """``kit pd --write``: the block of one pair run (no server here: pd_compare's result is given)."""
+    from kit.cli import main
+    from kit.core.results import HEADER, blocks
+    from kit.pd import cli as pd_cli
+
+    body = pd_cli.pair_block(_pair_result(), "pp2 mtp:2", "pp1 mtp:2", 40)
+    assert "| **identical** | 5,242,880 = 5,242,880 | 16 | 0 / 203 of 203 | 162 / 166 [94, 72] | all hold |" in body
+    assert "Producer pp2 mtp:2 -> consumer pp1 mtp:2; connector NixlPushConnector" in body
+    bad = pd_cli.pair_block(_pair_result(identical=False), "pp2 mtp:2", "pp1 mtp:2", 40)
+    assert "prompt 2 leaves the reference at token 1 (got 496, expected 434; the reference's top-2 margin there " \
+           "0.011)" in bad and "5,242,880 != 4,194,304" in bad and "failed: kv_bytes_equal_expected" in bad
+
+    m, r = _model()
+    monkeypatch.setattr(pd_cli, "pd_compare", lambda *a, **k: _pair_result())
+    doc = tmp_path / "pd.md"
+    argv = ["pd", "--model", m, *(["--random"] if r else []), "--producer-spec", "mtp:2", "--consumer-spec", "mtp:2",
+            "--write", str(doc)]
+    assert main(argv) == 0
+    (b,) = blocks(doc.read_text())
+    assert HEADER.search(b.group("body")) and "Command: `kit pd --model" in b.group("body")
+    assert "| **identical** |" in b.group("body")
 
 
 # -- real servers ----------------------------------------------------------------------------------

@@ -60,9 +60,18 @@ def register(sub) -> None:
                    help="both servers answer /v1/* only with this key (vLLM's VLLM_API_KEY); the router sends it. "
                         "Default: $KIT_API_KEY (an environment variable keeps the key out of the process list)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last stdout line")
+    p.add_argument("--write", default=None, metavar="FILE",
+                   help="also write the pair's result into FILE (docs/results/pd.md) as this command's results block")
 
 
 def run(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from kit.core.results import check_writable
+
+    if getattr(args, "write", None) and (why := check_writable(args.write)):
+        raise TopologyError(why)
+    started = datetime.now(timezone.utc)
     check_api_key(args.api_key, "--api-key")
     check_count(args.concurrency, "--concurrency")
     prod, cons = pd_topologies(args.model, args.producer_pp, Spec.parse(args.producer_spec), args.consumer_pp,
@@ -85,7 +94,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"kit pd: failed: {e}", file=sys.stderr)
         if args.json:
             print(json.dumps({"identical": False, "handoff_ok": False, "error": str(e)}))
+        if getattr(args, "write", None):
+            _write(args, started, f"**failed**: {str(e).splitlines()[0][:300]}", prod.label(), cons.label())
         return 1
+    if getattr(args, "write", None):
+        _write(args, started, pair_block(d, prod.label(), cons.label(), args.max_tokens), prod.label(), cons.label())
     if args.json:
         print(json.dumps(d))
     else:
@@ -121,3 +134,50 @@ def _print_summary(d: dict, producer: str, consumer: str, args: argparse.Namespa
               f"for {a['requests']} requests")
     for e in d["errors"]:
         print(f"error: {e}")
+
+
+def pair_block(d: dict, producer: str, consumer: str, max_tokens: int) -> str:
+    """The results block of one pair run: what ran, then one row of what was checked (``kit pd --write``)."""
+    router = d["router"] + (f" {d['vllm_router']['version']}" if d["vllm_router"] else "")
+    if d["identical"]:
+        tokens = "**identical**"
+    elif d["first_divergence"]:
+        fd = d["first_divergence"]
+        margin = fd.get("reference_margin")
+        tokens = (f"**not identical**: prompt {fd['prompt_index']} leaves the reference at token {fd['position']} "
+                  f"(got {fd['got']}, expected {fd['expected']}"
+                  + (f"; the reference's top-2 margin there {margin:.3f})" if margin is not None else ")"))
+    else:
+        tokens = f"**not identical**: {len(d['errors'])} request(s) failed"
+    spec = d["consumer_spec"]
+    drafts = (f"{spec['num_drafts']} / {spec['num_accepted_tokens']} {spec['per_position']}" if spec else "-")
+    failed = [k for k, ok in d["handoff_checks"].items() if not ok]
+    rows = [f"Producer {producer} -> consumer {consumer}; connector {d['connector_class']} ({d['connector_reason']}); "
+            f"router {router} ({d['router_reason']}); {d['num_prompts']} prompts x {max_tokens} tokens, greedy, "
+            f"stream={d['stream']}, concurrency {d['concurrency']}; compared with the PP=1 no-spec reference; "
+            f"pair start {d['timings']['pair_start_s']:.1f} s, requests {d['timings']['requests_s']:.1f} s.", "",
+            "| tokens vs reference | KV bytes measured = expected | transfers | consumer computed / received prompt "
+            "tokens | consumer drafts / accepted [per position] | handoff checks |",
+            "|---|---|---|---|---|---|",
+            f"| {tokens} | {d['kv_bytes_transferred']:,} {'=' if d['kv_bytes_transferred'] == d['kv_bytes_expected'] else '!='} "
+            f"{d['kv_bytes_expected']:,} | {d['kv_transfers']} | {d['consumer_prefill_tokens_computed']} / "
+            f"{d['consumer_external_tokens']} of {d['prompt_tokens']} | {drafts} | "
+            f"{'all hold' if not failed else 'failed: ' + ', '.join(failed)} |"]
+    if d["acceptance_vs_colocated"]:
+        a = d["acceptance_vs_colocated"]
+        rows += ["", f"Against one colocated engine of the consumer's topology: accepted equal {a['accepted_equal']} "
+                     f"(consumer {a['consumer']['per_position']}, colocated {a['colocated']['per_position']}), "
+                     f"{a['extra_draft_rounds']} extra verify rounds for {a['requests']} requests."]
+    rows += [f"\nError: {e}" for e in d["errors"][:3]]
+    return "\n".join(rows)
+
+
+def _write(args: argparse.Namespace, started, body: str, producer: str, consumer: str) -> None:
+    from datetime import datetime, timezone
+
+    from kit.core.results import block_key, command_line, write_block
+
+    argv = list(getattr(args, "argv", None) or [])
+    write_block(args.write, block_key("kit pd", argv), body, command_line("kit pd", argv), when=started,
+                until=datetime.now(timezone.utc), title="PD disaggregation: measured")
+    print(f"kit pd: wrote the result into {args.write}", file=sys.stderr)
