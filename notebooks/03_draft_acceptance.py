@@ -79,7 +79,7 @@ rows = []
 for (pp, k), r in results.items():
     s = r.spec
     rows.append({"PP": pp, "k": k, "drafts": s.num_drafts, "accepted": s.num_accepted_tokens,
-                 "per_position": s.per_position, "mean_acceptance_length": s.mean_acceptance_length,
+                 "per_position": s.per_position, "mean_acceptance_length": round(s.mean_acceptance_length, 2) if k else None,
                  "tokens/s": round(r.num_generated / r.seconds, 1)})
 import pandas as pd
 display(pd.DataFrame(rows))
@@ -93,13 +93,17 @@ cond = {(pp, k): plots.conditional_rates(results[(pp, k)].spec.per_position, res
 plots.acceptance_panels(cond, KS, PP_SIZES, title="Acceptance at position i given positions 1..i-1 were accepted").show()
 
 def direction(xs):
-    steps = [b - a for a, b in zip(xs, xs[1:])]
+    steps = [round(b, 2) - round(a, 2) for a, b in zip(xs, xs[1:])]  # as printed: two decimals
     if all(d > 0 for d in steps):
         return "rises with depth"
     if all(d < 0 for d in steps):
         return "falls with depth"
     if all(d == 0 for d in steps):
         return "stays flat"
+    if all(d >= 0 for d in steps):
+        return "rises, then stays flat"
+    if all(d <= 0 for d in steps):
+        return "falls, then stays flat"
     return "goes up and down with depth"
 
 from IPython.display import Markdown
@@ -128,8 +132,8 @@ speed = {(pp, k): results[(pp, k)].num_generated / results[(pp, k)].seconds for 
 lines = []
 for pp in PP_SIZES:
     base = speed.get((pp, 0))
-    per_k = ", ".join(f"k={k}: {speed[(pp, k)]:.1f}" + (f" ({speed[(pp, k)] / base:.2f}x" if base else " (")
-                      + f", {results[(pp, k)].spec.mean_acceptance_length:.2f} tokens per target forward)" for k in KS)
+    per_k = ", ".join(f"k={k}: {speed[(pp, k)]:.1f} (" + (f"{speed[(pp, k)] / base:.2f}x, " if base else "")
+                      + f"{results[(pp, k)].spec.mean_acceptance_length:.2f} tokens per target forward)" for k in KS)
     lines.append(f"- PP={pp}: " + (f"without drafts {base:.1f} tokens/s; " if base else "") + per_k)
 display(Markdown(f"**This run** ({NUM_PROMPTS} prompts x {MAX_TOKENS} tokens, generation time only, engine start "
                  "excluded), tokens/s:\n" + "\n".join(lines)))
