@@ -64,11 +64,6 @@ REMEASURE: dict[tuple[str, str], str] = {
     # matrix.md's blocks of 2026-12-01 (the full matrix's header and command typed: no --write): docs/status.md
     # quotes them (every cell identical, equal acceptance per position at PP 1/2/4, the drafter families).
     ("matrix.md", "Full matrix"): "kit matrix --write docs/results/matrix.md",
-    ("matrix.md", "Drafter families at PP 2/4 x k 1..3"):
-        "kit matrix --match tiny-deepseek-v3 --write docs/results/matrix.md; "
-        "kit matrix --match tiny-glm4-moe --write docs/results/matrix.md",
-    ("matrix.md", "Trained DeepSeek-V3 at PP 1/2/4 x MTP k 1..3"):
-        "kit matrix --match deepseek-v3-trained --write docs/results/matrix.md",
     # docs/findings.md quotes the timeline (143 decode steps, 52 empty, 181 held out; 96 with pp_spec_engine_step),
     # results/README.md the won-back speed-ups (1.17x to 1.82x). `kit trace` prints the timeline table from the
     # committed trace but writes no block yet.
