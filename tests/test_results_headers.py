@@ -57,10 +57,6 @@ DOCS = sorted(RESULTS.glob("*.md"))
 # (document, heading) -> the command(s), "; "-separated, that measure the section's figures again (as blocks where
 # the command writes one). Each entry says who quotes the figures.
 REMEASURE: dict[tuple[str, str], str] = {
-    # bench.md's PP=2 consumer block of 2026-12-01 (header typed from the printed output, 3 engines per row).
-    ("bench.md", "PD pairs"):
-        'kit bench --quiet --only-extras --pd "2:mtp:2>2:mtp:2,2:mtp:2>1:mtp:2" --repeats 5 --limit 8 --max-tokens 64 '
-        "--write docs/results/bench.md",
     # matrix.md's blocks of 2026-12-01 (the full matrix's header and command typed: no --write): docs/status.md
     # quotes them (every cell identical, equal acceptance per position at PP 1/2/4, the drafter families).
     ("matrix.md", "Full matrix"): "kit matrix --write docs/results/matrix.md",
