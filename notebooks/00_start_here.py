@@ -60,7 +60,7 @@ kit.lab.notebook.setup()
 # folded under it (click to open), and opens by itself when a patch failed.
 
 # %%
-# about 13 s on 2 cores: kit doctor imports vLLM and torch (no engine)
+# about 11 s on 2 cores: kit doctor imports vLLM and torch (no engine)
 if SHOW_DOCTOR:
     kit.lab.notebook.show_doctor()
 
