@@ -67,13 +67,6 @@ REMEASURE: dict[tuple[str, str], str] = {
         "kit trace docs/results/timeline-trace.jsonl.gz; "
         "kit bench --model mimo-py-18m --pp 2 --spec none,mtp:2 --timeline --repeats 1 --batch 1,4 "
         "--prompts data/prompts/pycode-heldout.jsonl --limit 8 --max-tokens 128 --write docs/results/payoff.md",
-    # docs/status.md, docs/cli.md, docs/findings.md and docs/cpu-notes.md quote these; `kit pd` writes no block yet.
-    ("pd.md", "Pairs"):
-        "kit pd --producer-pp 2 --producer-spec mtp:2 --consumer-spec mtp:2 --limit 8 --max-tokens 40 --json",
-    ("pd.md", "Routers: vllm-router next to the kit's"):
-        "kit pd --producer-spec mtp:2 --consumer-spec mtp:2 --limit 8 --max-tokens 40 --router vllm-router --json",
-    ("pd.md", "Push handoffs on 2 cores, before and after the NIXL patches"):
-        "kit pd --producer-pp 2 --producer-spec mtp:2 --consumer-spec mtp:2 --limit 8 --max-tokens 40 --json",
     # docs/status.md quotes it (KV transfer timeouts reported with their cause).
     ("tests.md", "Fault injection, 2026-12-01"):
         "./test.sh -m reliability; kit test-report --junit runs/junit/FILE.xml --write docs/results/tests.md",
