@@ -141,12 +141,13 @@ def test_a_vllm_server_keeps_its_sockets_in_its_own_folder(no_leftovers):
     before = vllm_temp_entries()
     srv = Server(Topology(model=MODEL, random_weights=True, pp=2), name="leftovers")
     with srv:
-        folder = srv.proc.tmpdir
+        folder, ledger = srv.proc.tmpdir, srv.proc.shm_ledger
         inside = os.listdir(folder)
-        new_outside = sorted(vllm_temp_entries() - before - {folder})
+        # Beside the folder: the guard's /dev/shm ledger (kit.engine.guard), the kit's own, removed with the tree.
+        new_outside = sorted(vllm_temp_entries() - before - {folder, ledger})
     assert inside, "vLLM made no ipc socket in the tree's folder"
     assert not [e for e in new_outside if not e.startswith("/dev/shm/")], new_outside
-    assert not os.path.exists(folder)
+    assert not os.path.exists(folder) and not os.path.exists(ledger)
     assert leftover_temp_entries(before) == []
     assert leftover_vllm_processes(since=time.time() - 600, owner=os.getpid()) == []
     assert psutil.pid_exists(os.getpid())
