@@ -172,9 +172,9 @@ class ManagedProcess:
         # thousands of /tmp/<uuid> sockets). The guard removes the folder when the tree ends; terminate() too.
         self.tmpdir = tempfile.mkdtemp(prefix=tree_tmp_prefix(self.run_id))
         # The guard's record of what the tree holds in /dev/shm, beside the folder (kit-tmp-...shm, so that leak
-        # checks see it if it is left): the guard removes those entries when the tree ends, but a guard killed with its tree
-        # (SIGKILL of the whole tree, or terminate()'s own after its grace) cannot; terminate() then removes the
-        # recorded entries no live process uses.
+        # checks see it if it is left): the guard removes those entries when the tree ends, but a guard killed with
+        # its tree (SIGKILL of the whole tree, or terminate()'s own after its grace) cannot; terminate() then
+        # removes the recorded entries no live process uses.
         self.shm_ledger = self.tmpdir + ".shm"
         full_env.update({"TMPDIR": self.tmpdir, "VLLM_RPC_BASE_PATH": self.tmpdir, TREE_TMP_ENV: self.tmpdir,
                          SHM_LEDGER_ENV: self.shm_ledger})

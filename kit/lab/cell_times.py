@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 TOLERANCE = 0.30   # a stated time counts as right within ±30 % of the measured one
+TOLERANCE_TEXT = f"±{TOLERANCE:.0%}".replace("%", " %")  # "±30 %", as the kit's tables write percentages
 ENGINE_S = 10.0    # a cell that ran this long keeps a learner waiting: it must state its time
 # "# about 25 s on 2 cores" in a code cell; "About 2 minutes on 2 cores" in the opening markdown.
 _AMOUNT = r"about (\d+(?:\.\d+)?) (s|seconds?|min|minutes?)\b"
@@ -65,7 +66,8 @@ def check(nb: dict) -> list[Stated]:
         took = (cell.get("metadata", {}).get("papermill") or {}).get("duration")
         src = _source(cell)
         m = CELL_STATED.search(src)
-        first = next((line.strip() for line in src.splitlines() if line.strip() and not line.lstrip().startswith("#")), "")
+        first = next((line.strip() for line in src.splitlines()
+                      if line.strip() and not line.lstrip().startswith("#")), "")  # names the cell: its first code
         where = f"cell {i}" + (f" (`{first[:40]}{'...' if len(first) > 40 else ''}`)" if first else "")
         if m:
             out.append(Stated(where, _seconds(*m.groups()), took))
@@ -77,4 +79,4 @@ def check(nb: dict) -> list[Stated]:
 def summary(times: list[Stated]) -> str:
     """``"6 of 6 stated times within ±30 %"`` (the ones off: ``[t.describe() for t in times if not t.ok]``)."""
     good = sum(t.ok for t in times)
-    return f"{good} of {len(times)} stated times within ±{TOLERANCE:.0%}".replace("%", " %")
+    return f"{good} of {len(times)} stated times within {TOLERANCE_TEXT}"

@@ -190,7 +190,8 @@ def summarize(executed: Path) -> dict:
     nb = json.loads(executed.read_text())
     pm = nb.get("metadata", {}).get("papermill") or {}
     return {**texts(nb), "claims": claims(nb), "figure": first_figure(nb), "error": failure(nb),
-            "times": cell_times.check(nb), "seconds": pm.get("duration"), "started": pm.get("start_time"), "finished": pm.get("end_time")}
+            "times": cell_times.check(nb), "seconds": pm.get("duration"), "started": pm.get("start_time"),
+            "finished": pm.get("end_time")}
 
 
 def claim_count(row: dict) -> tuple[int, int]:
@@ -393,9 +394,6 @@ def register(sub) -> None:
                         "(docs/results/tests.md); only after executing every notebook")
 
 
-TOL = f"{cell_times.TOLERANCE:.0%}".replace("%", " %")
-
-
 def run_block(rows: list[dict]) -> str:
     """The body of the ``./run.sh`` results block: total, then per notebook its time, claims held and result."""
     total = sum(r["seconds"] or 0 for r in rows)
@@ -403,7 +401,8 @@ def run_block(rows: list[dict]) -> str:
     lines = [f"**{len(rows) - len(failed)} of {len(rows)} notebooks ok; {total:.0f} s in all "
              f"({total / 60:.1f} minutes, the sum of the notebooks' run times; the target is 15 minutes)**"
              + (f"; failed: {', '.join(failed)}" if failed else "") + ".", ""]
-    lines += [f"| notebook | time | claims held | stated times within ±{TOL} | result |", "|---|---|---|---|---|"]
+    tol = cell_times.TOLERANCE_TEXT
+    lines += [f"| notebook | time | claims held | stated times within {tol} | result |", "|---|---|---|---|---|"]
     off = []
     for r in rows:
         held, made = claim_count(r)
@@ -412,7 +411,7 @@ def run_block(rows: list[dict]) -> str:
         lines.append(f"| {r['stem']} | {r['seconds'] or 0:.0f} s | {held} of {made} | {good} of {len(r['times'])} | "
                      f"{'failed: ' + r['error'] if r['error'] else 'ok'} |")
     lines += ["", f"Stated times (`kit.lab.cell_times`: each engine cell's `# about N s` and each notebook's opening "
-              f"'About N ... on 2 cores', against papermill's durations in this run) outside ±{TOL}: "
+              f"'About N ... on 2 cores', against papermill's durations in this run) outside {tol}: "
               + ("; ".join(off) if off else "none") + "."]
     return "\n".join(lines)
 

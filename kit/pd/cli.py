@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import datetime, timezone
 
 from kit.core.flags import (
     add_command,
@@ -65,8 +66,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from datetime import datetime, timezone
-
     from kit.core.results import check_writable
 
     if getattr(args, "write", None) and (why := check_writable(args.write)):
@@ -95,10 +94,10 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"identical": False, "handoff_ok": False, "error": str(e)}))
         if getattr(args, "write", None):
-            _write(args, started, f"**failed**: {str(e).splitlines()[0][:300]}", prod.label(), cons.label())
+            _write(args, started, f"**failed**: {str(e).splitlines()[0][:300]}")
         return 1
     if getattr(args, "write", None):
-        _write(args, started, pair_block(d, prod.label(), cons.label(), args.max_tokens), prod.label(), cons.label())
+        _write(args, started, pair_block(d, prod.label(), cons.label(), args.max_tokens))
     if args.json:
         print(json.dumps(d))
     else:
@@ -159,8 +158,9 @@ def pair_block(d: dict, producer: str, consumer: str, max_tokens: int) -> str:
             "| tokens vs reference | KV bytes measured = expected | transfers | consumer computed / received prompt "
             "tokens | consumer drafts / accepted [per position] | handoff checks |",
             "|---|---|---|---|---|---|",
-            f"| {tokens} | {d['kv_bytes_transferred']:,} {'=' if d['kv_bytes_transferred'] == d['kv_bytes_expected'] else '!='} "
-            f"{d['kv_bytes_expected']:,} | {d['kv_transfers']} | {d['consumer_prefill_tokens_computed']} / "
+            f"| {tokens} | {d['kv_bytes_transferred']:,} "
+            f"{'=' if d['kv_bytes_transferred'] == d['kv_bytes_expected'] else '!='} {d['kv_bytes_expected']:,} | "
+            f"{d['kv_transfers']} | {d['consumer_prefill_tokens_computed']} / "
             f"{d['consumer_external_tokens']} of {d['prompt_tokens']} | {drafts} | "
             f"{'all hold' if not failed else 'failed: ' + ', '.join(failed)} |"]
     if d["acceptance_vs_colocated"]:
@@ -172,9 +172,8 @@ def pair_block(d: dict, producer: str, consumer: str, max_tokens: int) -> str:
     return "\n".join(rows)
 
 
-def _write(args: argparse.Namespace, started, body: str, producer: str, consumer: str) -> None:
-    from datetime import datetime, timezone
-
+def _write(args: argparse.Namespace, started: datetime, body: str) -> None:
+    """Write ``body`` into ``--write``'s file as this command's results block."""
     from kit.core.results import block_key, command_line, write_block
 
     argv = list(getattr(args, "argv", None) or [])
