@@ -241,3 +241,79 @@ def test_a_worker_killed_just_after_its_retitling_is_named_as_it_last_logged(tmp
     assert mp._logged_title(11111, "VLLM::Worker") == "VLLM::Worker"
     mp.log_path = tmp_path / "missing.log"
     assert mp._logged_title(26497, "VLLM::Worker") == "VLLM::Worker"
+
+
+_DYING_WORKER = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", '''
+import ctypes, os, signal, sys, time, setproctitle
+setproctitle.setproctitle("VLLM:" + ":Worker_" + "PP0")  # not spelt whole: the command lines above would match
+print("(Worker_" + "PP0 pid=%d) INFO warming up" % os.getpid(), flush=True)
+time.sleep(1.5)
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+ctypes.string_at(0)  # a crash in native code: SIGSEGV
+''', sys.argv[1]])
+time.sleep(60)  # never reaps the child: it stays a zombie, as a worker does until the engine core notices
+"""
+
+
+@pytest.mark.parametrize("how", ["kill", "segv"])
+def test_a_worker_dead_without_a_traceback_is_explained(tmp_path, how):
+    """A worker that dies by a signal leaves no traceback (seen in CI: "a vLLM process died: VLLM::Worker_PP0" and
+    nothing more). The kit names the signal it read from the zombie, turns Python's fault handler on so that a
+    crash in native code leaves its stack in the log, and otherwise says what the kernel counted (OOM kills),
+    the memory left and the log's last lines."""
+    from kit.engine.procs import ManagedProcess
+
+    log = tmp_path / "engine.log"
+    with ManagedProcess([sys.executable, "-c", _DYING_WORKER, how], log_path=log, name="fake engine") as mp:
+        deadline, dead = time.monotonic() + 30, None
+        while dead is None and time.monotonic() < deadline:
+            dead = mp.check_children()
+            time.sleep(0.05)
+        time.sleep(0.5)  # the fault handler's dump reaches the log
+        msg = str(mp.fail(f"a vLLM process died: {dead}"))
+    assert dead is not None and dead.startswith("VLLM::Worker_PP0 (pid ")
+    if how == "kill":
+        assert dead.endswith(", killed by SIGKILL)"), dead
+        assert "no traceback in the log" in msg and "memory available now" in msg, msg
+        assert "INFO warming up" in msg, msg  # the log's last lines
+    else:
+        assert dead.endswith(", killed by SIGSEGV)"), dead
+        assert "Fatal Python error: Segmentation fault" in msg, msg
+        assert 'File "<string>", line 8' in msg, msg  # the crashing line, from the fault handler's dump
+
+
+_FORKING_WORKER = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", '''
+import os, time, setproctitle
+setproctitle.setproctitle("VLLM:" + ":Worker_" + "PP0")  # not spelt whole: the command lines above would match
+for _ in range(6):  # short-lived children that keep the worker's title (fork without exec), each reaped
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.4)
+        os._exit(0)
+    os.waitpid(pid, 0)
+time.sleep(60)
+'''])
+time.sleep(60)
+"""
+
+
+def test_a_forked_child_of_a_worker_is_not_the_worker(tmp_path):
+    """A worker's short-lived children carry its title between fork and exec (torch.compile's C++ compiler runs on
+    a cold cache); one of them ending must not read as the worker's death (seen in CI: "a vLLM process died:
+    VLLM::Worker_PP0" 4 s into the compile warm-up, on the first compiled run of a fresh machine)."""
+    from kit.engine.procs import ManagedProcess
+
+    with ManagedProcess([sys.executable, "-c", _FORKING_WORKER], log_path=tmp_path / "log", name="fake engine") as mp:
+        deadline, dead, seen = time.monotonic() + 5, None, set()
+        while time.monotonic() < deadline and dead is None:
+            dead = mp.check_children()
+            seen |= {p.pid for p in mp.tree()}
+            time.sleep(0.05)
+        assert dead is None, dead
+        assert len(seen) >= 6, seen  # the forked children were there to be seen
+        assert list(mp._seen.values()) == ["VLLM::Worker_PP0"]

@@ -28,6 +28,7 @@ import psutil
 
 from kit.engine.guard import SHM_LEDGER_ENV, TREE_TMP_ENV, TREE_TMP_PREFIX
 from kit.engine.guard import command as guard_command
+from kit.engine.postmortem import exit_status, hints, oom_kills
 from kit.engine.shm import SHM_DIR, ShmLedger, in_use, is_vllm_shm
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
@@ -54,7 +55,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _PREFIX = re.compile(r"^(?:\((?P<proc>[^)]*pid=\d+)\)\s+)?"
                      r"(?:(?P<level>[A-Z]+)\s+\d\d-\d\d \d\d:\d\d:\d\d \[[^\]]+\]\s?)?")
 _SIGNALS = re.compile(r"(SIGILL|SIGSEGV|SIGBUS|SIGKILL|Illegal instruction|Segmentation fault|Bus error|"
-                      r"core dumped|out of memory|died|exit code -?\d+)", re.I)
+                      r"core dumped|out of memory|died|exit code -?\d+|Fatal Python error)", re.I)
 # A vLLM server or engine that failed during start-up says so with one of these.
 # A port taken between the kit's check and vLLM's bind (the NIXL side channel's listener thread dies and
 # start-up waits for it forever) counts too.
@@ -90,6 +91,24 @@ def _first_traceback(lines: list[tuple[str, str, str]]) -> tuple[str, list[str]]
             continue
         block.append(t)
         if not t[0].isspace():  # the first unindented line after the header is the exception
+            break
+    return proc, block
+
+
+def _fault_dump(lines: list[tuple[str, str, str]], frames: int = 10) -> tuple[str, list[str]] | None:
+    """What Python's fault handler wrote for a crash in native code (the kit sets ``PYTHONFAULTHANDLER`` in every
+    tree): the "Fatal Python error" line and the innermost frames of the thread that crashed."""
+    start = next((i for i, (_, _, t) in enumerate(lines) if t.startswith("Fatal Python error")), None)
+    if start is None:
+        return None
+    proc = lines[start][0]
+    block = [lines[start][2]]
+    for _, _, t in lines[start + 1:]:
+        if t.startswith("  File "):
+            block.append(t)
+            if len(block) > frames:
+                break
+        elif block[1:] and not t.strip():  # the crashed thread's stack ends at the first blank line
             break
     return proc, block
 
@@ -130,7 +149,7 @@ def root_cause(log_path: Path | None, max_lines: int = 20) -> list[str]:
     """
     lines = _log_lines(log_path)
     picked: list[str] = []
-    tb = _first_traceback(lines)
+    tb = _first_traceback(lines) or _fault_dump(lines)
     if tb:
         proc, block = tb
         head = f"in {proc.split(' pid=')[0]}:" if proc else "in the engine process:"
@@ -180,6 +199,9 @@ class ManagedProcess:
                          SHM_LEDGER_ENV: self.shm_ledger})
         # torch.compile's cache stays where it was (it is keyed by content, and worth keeping across runs).
         full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
+        # A crash in native code (SIGSEGV, SIGILL, SIGBUS, SIGABRT) then leaves the Python stack in the log.
+        full_env.setdefault("PYTHONFAULTHANDLER", "1")
+        self._oom_at_start = oom_kills()
         if env:
             full_env.update(env)
         full_env[RUN_ID_ENV] = self.run_id
@@ -198,6 +220,7 @@ class ManagedProcess:
         self.pid = self.popen.pid
         self.started = time.monotonic()
         self._seen: dict[int, str] = {}
+        self._ended: dict[int, str] = {}  # pid -> how a vLLM process ended, read while it was a zombie
         self.peak_rss: dict[str, int] = {}  # process title -> peak resident bytes seen
         _LIVE.add(self)
 
@@ -225,20 +248,36 @@ class ManagedProcess:
 
     def check_children(self) -> str | None:
         """Return a description if a vLLM child seen earlier has died while the root still runs."""
-        current = {}
+        current, parents, names = {}, {}, {}
         for p in self.tree():
             try:
-                title = " ".join(" ".join(p.cmdline()).split())  # vLLM pads its retitled names
-                if p.status() == psutil.STATUS_ZOMBIE:
+                if p.status() == psutil.STATUS_ZOMBIE:  # before cmdline(), which a zombie refuses
+                    how = exit_status(p.pid) if p.pid in self._seen else None
+                    if how:
+                        self._ended[p.pid] = how
                     continue
+                title = " ".join(" ".join(p.cmdline()).split())  # vLLM pads its retitled names
                 # A process on its way out has no command line any more: its 15-character name ("VLLM::Worker_PP"
                 # for "VLLM::Worker_PP1") must not replace the full title seen before.
-                title = title or self._seen.get(p.pid) or p.name()
+                names[p.pid] = p.name()
+                title = title or self._seen.get(p.pid) or names[p.pid]
+                parents[p.pid] = p.ppid()
             except psutil.Error:
                 continue
             current[p.pid] = title
         for pid, title in current.items():
-            if VLLM_TITLES.search(title):  # the latest title: a worker is "VLLM::Worker" before "VLLM::Worker_PP1"
+            if not VLLM_TITLES.search(title):
+                # Seen with a vLLM title before and alive under another now: a forked child that has exec'd.
+                self._seen.pop(pid, None)
+            elif pid not in self._seen and parents[pid] in current and (
+                    current[parents[pid]] == title or names[parents[pid]] == names[pid]):
+                # A child that inherited its parent's title (and name) by fork and has not retitled itself: not a
+                # vLLM process. A worker's subprocesses (g++ and python helpers under torch.compile's cold start,
+                # over a hundred per worker) carry "VLLM::Worker_PP0" between fork and exec, or an empty command
+                # line and the name "VLLM::Worker_PP"; one caught in that window and gone by the next poll was
+                # reported as the worker's death (CI, a fresh machine's first compiled run).
+                continue
+            else:  # the latest title: a worker is "VLLM::Worker" before "VLLM::Worker_PP1"
                 self._seen[pid] = title
         for p in self.tree():
             try:
@@ -249,7 +288,8 @@ class ManagedProcess:
             key = f"{title} (pid {p.pid})"
             if rss > self.peak_rss.get(key, 0):
                 self.peak_rss[key] = rss
-        dead = [f"{self._logged_title(pid, t)} (pid {pid})" for pid, t in self._seen.items() if pid not in current]
+        dead = [f"{self._logged_title(pid, t)} (pid {pid}{', ' + self._ended[pid] if pid in self._ended else ''})"
+                for pid, t in self._seen.items() if pid not in current]
         return ", ".join(dead) if dead else None
 
     def _logged_title(self, pid: int, title: str) -> str:
@@ -275,8 +315,15 @@ class ManagedProcess:
         msg = f"{self.name}: {what}"
         if lines:
             msg += "\n  root cause from " + str(self.log_path) + ":\n    " + "\n    ".join(lines)
-        elif self.log_path:
-            msg += f" (log: {self.log_path})"
+        else:
+            # Nothing in the log says why (a SIGKILL leaves no trace there): what the kernel and the kit saw, and
+            # the log's last lines, so that a CI log that keeps only this message still shows how far it got.
+            tail = [t for _, _, t in _log_lines(self.log_path) if t.strip()][-8:]
+            msg += "\n  no traceback in the log; " + "\n  ".join(hints(self._oom_at_start, self.peak_rss))
+            if tail:
+                msg += f"\n  last lines of {self.log_path}:\n    " + "\n    ".join(t[:200] for t in tail)
+            elif self.log_path:
+                msg += f"\n  log: {self.log_path}"
         return ProcessFailed(msg, self.log_path, lines)
 
     # -- teardown -----------------------------------------------------------------------------
