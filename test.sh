@@ -13,7 +13,11 @@ case " $* " in
     *" --junitxml"* | *" --junit-xml"* | *"no:junitxml"*) ;;
     *) junit=(--junitxml "${KIT_JUNIT_DIR:-runs/junit}/$(date -u +%Y%m%dT%H%M%SZ)-$$.xml") ;;
 esac
-KIT_TEST_COMMAND="./test.sh${*:+ $(printf '%q ' "$@" | sed 's/ $//')}" "$PY" -m pytest "$@" ${junit[@]+"${junit[@]}"}
+# The 15 slowest tests close the run's output (a CI log keeps only its tail): where its time went.
+durations=()
+case " $* " in *" --durations"*) ;; *) durations=(--durations=15) ;; esac
+KIT_TEST_COMMAND="./test.sh${*:+ $(printf '%q ' "$@" | sed 's/ $//')}" "$PY" -m pytest "$@" ${junit[@]+"${junit[@]}"} \
+    ${durations[@]+"${durations[@]}"}
 rc=$?
 # pytest's 5 means "no tests collected". That is success only for a -m selection whose every marker is one
 # pytest knows (e.g. `-m pd` over files without PD tests); a misspelt marker (`-m enigne`) selects nothing too
