@@ -346,58 +346,114 @@ payoff_plots.bars_figure(costs, payoff.acceptance_for_length(live[-1]["tokens_pe
 # Under PP a request's step crosses the stages one after the other: a step pays every stage's forward and the
 # hand-offs between them, and two stages compute at once only when two micro-batches are in flight (the "forward
 # overlap" of `kit bench --breakdown`). With speculation the kit's scheduling gate (`kit.patches.pp_spec_schedule_gate`)
-# keeps a request out of a step while its previous step is in flight. Whether PP=2 paid less than PP=1 in the
-# recorded rows, and what its steps cost (`docs/results/payoff.md` has the full breakdown):
+# keeps a request out of a step while its previous step is in flight. The recorded rows were measured before the
+# kit's pipelined schedule (`pp_microbatches`) existed: their PP=2 steps ran one at a time (the forward overlap
+# below), as in vLLM's own loop; the next section compares the two schedules. Whether PP=2 paid less than PP=1 in
+# the recorded rows, and what its steps cost (`docs/results/payoff.md` has the full breakdown):
 
 # %%
 display(Markdown(payoff_text.pp_compare(rows, costs, preds)))
 
 # %% [markdown]
-# ## Where a PP=2 step's time goes
-# The bench timeline (`kit bench --timeline`, `docs/results/payoff.md` gives its commands) traced every decode step
-# on every rank of one engine per row: each stage's forward, its wait for the previous stage's hidden states, the last
-# stage's sampling and drafting. The runs with the default patches of their date are drawn; they predate the kit's
-# `pp_microbatches` schedule (notebook 01 draws the pipeline with and without it), as do the recorded rows above.
+# ## Where a PP=2 step's time goes, serial and pipelined
+# The bench timeline (`kit bench --timeline`, `docs/results/payoff.md` gives its command) traced every decode step
+# on every rank of one engine per row, `mimo-py-18m` at PP=2 without drafts and with `mtp:2`, batch 1, 4 and 8,
+# each with the kit's `pp_microbatches` schedule (the running requests split into two groups that take turns, so
+# one group's step can be on rank 0 while the other's is on the last rank) and without it (`[off]`: vLLM's own
+# loop). Each row records each stage's forward, its wait for the previous stage's hidden states, and the last
+# stage's sampling and drafting.
 #
-# **Predict, then look:** with the two stages on the machine's two cores, how much of a decode step does each stage
-# compute, and does rank 0 ever start the next step while the last rank still works on this one?
+# **Predict, then look:** with the two stages on the machine's two cores and drafts on, how much of a decode step
+# does each stage compute in vLLM's own loop, and how much once two groups take turns?
 #
 # <details><summary>Answer</summary>
 #
-# Less than half of each step, and never: each step crosses the stages one after the other (rank 0's forward, the
-# hand-off, the last rank's forward, sampling and drafting, back through the engine core), and the next step
-# starts only after the previous one came back, so each stage waits for the other. The figure gives the shares.
+# In vLLM's own loop less than two thirds, and no step starts on rank 0 before the one before it has left the last
+# rank: each stage waits for the other. Pipelined, the last stage (which also samples and drafts) computes most of
+# each step and rank 0 starts the next group's step while the last rank still works. The figure gives the shares.
 # </details>
 
 # %%
+from kit.bench import pipelined
 from kit.worker import steptrace
 
-traced = [t for t in steptrace.load_traces(TRACE) if not t.get("env")]
+traced = steptrace.load_traces(TRACE)
 stage_runs = {f"{t['model']} {t['topology']}": steptrace.summary(t["events"]) for t in traced}
-timeline_runs = [r for r in load_runs(str(Path(TRACE).with_name("timeline-runs.jsonl"))) if not r.get("env")]
+timeline_runs = load_runs(str(Path(TRACE).with_name("timeline-runs.jsonl")))
 print(f"{len(traced)} traced engine runs from {TRACE}, started {min(r['started_at'] for r in timeline_runs)} to "
       f"{max(r['started_at'] for r in timeline_runs)}")
-payoff_plots.stage_figure(stage_runs, title="Where a PP=2 decode step's time goes, per stage (bench timeline)").show()
+drawn = {label: t for label, t in stage_runs.items() if label.endswith(" b8")}
+payoff_plots.stage_figure(drawn, title="One PP=2 decode step per stage, batch 8: vLLM's loop [off] and "
+                          "the kit's pipelined one (bench timeline)").show()
 display(Markdown(payoff_text.timeline_summary(stage_runs)))
 
 # %%
-shares = {(label, s["rank"]): s["busy"] / t["period"] for label, t in stage_runs.items() for s in t["stages"]}
-claim(bool(stage_runs) and all(t["in_flight"]["overlap_steps"] == 0 for t in stage_runs.values()),
-      f"bench timeline: in none of the {len(stage_runs)} traced PP=2 runs did a decode step start on rank 0 while the "
-      "previous one still ran on the last rank (no two micro-batches in flight)",
-      {label: t["in_flight"]["overlap_steps"] for label, t in stage_runs.items() if t["in_flight"]["overlap_steps"]})
-claim(bool(shares) and max(shares.values()) < 0.5,
-      f"bench timeline: every stage computes less than half of each decode step (busy {min(shares.values()):.0%} to "
-      f"{max(shares.values()):.0%} of the step period)", {str(k): round(v, 3) for k, v in shares.items() if v >= 0.5})
+serial = {label: t for label, t in stage_runs.items() if "[off]" in label}
+piped = {label: t for label, t in stage_runs.items() if "[off]" not in label}
+spec_serial = {label: t for label, t in serial.items() if " none " not in label}
+claim(bool(spec_serial) and all(t["in_flight"]["overlap_steps"] == 0 for t in spec_serial.values()),
+      f"bench timeline: in vLLM's own loop with drafts ({len(spec_serial)} runs) no decode step started on rank 0 "
+      "while the one before still ran on the last rank",
+      {label: t["in_flight"]["overlap_steps"] for label, t in spec_serial.items() if t["in_flight"]["overlap_steps"]})
+split = {label: t for label, t in piped.items() if not label.endswith(" b1")}
+shares_in_flight = {label: t["in_flight"]["overlap_steps"] / t["decode_steps"] for label, t in split.items()}
+claim(bool(split) and min(shares_in_flight.values()) >= 0.8,
+      f"bench timeline: pipelined, at batch 4 and 8, {min(shares_in_flight.values()):.0%} to "
+      f"{max(shares_in_flight.values()):.0%} of decode steps had two micro-batches in flight",
+      {k: round(v, 3) for k, v in shares_in_flight.items() if v < 0.8})
+busiest = {label: max(s["busy"] for s in t["stages"]) / t["period"] for label, t in stage_runs.items()}
+pairs = [(label.replace(" [off]", ""), label) for label in serial if label.replace(" [off]", "") in split]
+claim(bool(pairs) and all(busiest[on] > busiest[off] for on, off in pairs),
+      "bench timeline: at batch 4 and 8 the busiest stage computes a larger share of each step pipelined than in "
+      "vLLM's loop (" + "; ".join(f"{on.split(' ', 1)[1]}: {busiest[on]:.0%} against {busiest[off]:.0%}"
+                                 for on, off in pairs) + ")",
+      {on: (round(busiest[on], 3), round(busiest[off], 3)) for on, off in pairs if busiest[on] <= busiest[off]})
 
 # %% [markdown]
 # **What it shows:** each bar is one stage's mean decode step: blue while it computes, orange while it waits inside
-# its forward for the previous stage's hidden states, grey while it has nothing to do. The two stages take turns
-# rather than working at once, so a PP=2 step pays every stage's forward and the hand-off in series. What drafts add
-# per step, and how many requests a step carried, from the same traces:
+# its forward for the previous stage's hidden states, grey while it has nothing to do. In vLLM's loop the two stages
+# take turns on one step, so a step pays every stage's forward and the hand-off in series and each stage idles for
+# much of it. Pipelined, the period shrinks to about the busiest stage's work: rank 0 still idles part of each step
+# and the last stage, which samples and drafts too, sets the pace.
+#
+# ## The pipelined speed-up, predicted
+# **Predict:** from a serial run alone (its trace), how fast could the same steps go with two groups taking turns?
+# The period of the pipelined step cannot be shorter than any of three bounds: the busiest stage's work per step
+# (each stage computes both groups' steps), all the step's work over the 2 cores (both stages and the engine core's
+# part), and a group's whole serial step over 2 (a group's next step waits for its own drafts). Nothing is fitted:
+# `kit.bench.pipelined` takes the largest bound from the `[off]` run with drafts and compares it with the pipelined
+# run of the same batch, which carried about the same requests per step (vLLM's gate splits the batch into the same
+# two groups, it only runs them one after the other).
 
 # %%
-display(Markdown(payoff_text.timeline_findings(traced, stage_runs)))
+checks = {label.replace(" [off]", ""): pipelined.check(t, stage_runs[label.replace(" [off]", "")])
+          for label, t in spec_serial.items() if label.replace(" [off]", "") in split}
+display(Markdown("\n".join(
+    ["| run | serial period ms | bounds ms (stage / cores / round trip) | predicted ms | measured ms | error "
+     "| predicted speed-up | measured (per step / per request) |", "|---|---|---|---|---|---|---|---|"]
+    + [f"| {label} | {1e3 * spec_serial[label.replace(' b', ' [off] b')]['period']:.2f} | "
+       + " / ".join(f"{1e3 * v:.2f}" for v in c["bounds"].values())
+       + f" | {1e3 * c['period']:.2f} ({c['bound']}) | {1e3 * c['measured']:.2f} | {c['error']:+.0%} | "
+       f"{c['speedup']:.2f}x | {c['measured_speedup']:.2f}x / {c['measured_speedup_per_request']:.2f}x |"
+       for label, c in checks.items()])))
+claim(bool(checks) and all(abs(c["error"]) <= 0.2 for c in checks.values()),
+      "pipelined period predicted from the serial run's stage costs within ±20 % in every traced row with drafts ("
+      + "; ".join(f"{label.split(' ', 1)[1]}: {c['error']:+.0%}" for label, c in checks.items()) + ")",
+      {k: round(c["error"], 3) for k, c in checks.items() if abs(c["error"]) > 0.2})
+claim(bool(checks) and all(c["measured_speedup"] > 1.0 for c in checks.values()),
+      "pipelining shortened the decode step in every traced row with drafts ("
+      + "; ".join(f"{label.split(' ', 1)[1]}: {c['measured_speedup']:.2f}x per step" for label, c in checks.items())
+      + ")", {k: round(c["measured_speedup"], 3) for k, c in checks.items() if c["measured_speedup"] <= 1.0})
+
+# %%
+display(Markdown(payoff_text.pipelined_findings(checks)))
+
+# %% [markdown]
+# What drafts add per step in the pipelined runs, and how many requests a step carried, from the same traces:
+
+# %%
+display(Markdown(payoff_text.timeline_findings([t for t in traced if not t.get("env")],
+                                               {k: v for k, v in stage_runs.items() if "[off]" not in k})))
 
 # %%
 display(Markdown(payoff_text.takeaway(preds, held, BAND)))

@@ -220,3 +220,17 @@ def test_a_layer_split_row_is_compared_with_the_even_split_and_with_pp1(capsys, 
 def test_a_layer_split_for_no_pp_of_the_grid_is_bad_input(capsys):
     assert main(["bench", "--pp", "1,2", "--spec", "none", "--layer-partition", "3,2,2,1"]) == 2
     assert "--layer-partition 3,2,2,1: no --pp size of the grid has 4 stages" in capsys.readouterr().err
+
+
+def test_one_engine_per_row_claims_no_difference(capsys, tmp_path):
+    """A timeline run has one engine per row: its "interval" is a point, and no speed-up is claimed from it however
+    far apart the two figures are."""
+    lines = [{**_record("m", 1, k, 1, tok_s, 2.5, 0.01, 0.008, 0.001), "components": None}
+             for k, tok_s in ((0, 100.0), (2, 200.0))]
+    p = tmp_path / "runs.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert main(["bench", "--quiet", "--from-runs", str(p), "--json"]) == 0
+    text = capsys.readouterr().out.strip().splitlines()
+    rows = {r["topology"]: r for r in json.loads(text[-1])}
+    assert [(s["separate"], s["too_few"]) for s in rows["pp1 mtp:2 b1"]["speedups"]] == [(False, True)]
+    assert "| pp1 mtp:2 b1 | pp1 none b1 | 2.00x [2.00–2.00] | not claimed (< 3 engines) |" in text

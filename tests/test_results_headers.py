@@ -60,13 +60,6 @@ REMEASURE: dict[tuple[str, str], str] = {
     # matrix.md's blocks of 2026-12-01 (the full matrix's header and command typed: no --write): docs/status.md
     # quotes them (every cell identical, equal acceptance per position at PP 1/2/4, the drafter families).
     ("matrix.md", "Full matrix"): "kit matrix --write docs/results/matrix.md",
-    # docs/findings.md quotes the timeline (143 decode steps, 52 empty, 181 held out; 96 with pp_spec_engine_step),
-    # results/README.md the won-back speed-ups (1.17x to 1.82x). `kit trace` prints the timeline table from the
-    # committed trace but writes no block yet.
-    ("payoff.md", "Where PP + MTP loses against PP alone"):
-        "kit trace docs/results/timeline-trace.jsonl.gz; "
-        "kit bench --model mimo-py-18m --pp 2 --spec none,mtp:2 --timeline --repeats 1 --batch 1,4 "
-        "--prompts data/prompts/pycode-heldout.jsonl --limit 8 --max-tokens 128 --write docs/results/payoff.md",
     # docs/status.md quotes it (KV transfer timeouts reported with their cause).
     ("tests.md", "Fault injection, 2026-12-01"):
         "./test.sh -m reliability; kit test-report --junit runs/junit/FILE.xml --write docs/results/tests.md",

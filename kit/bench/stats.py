@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LEVEL", "RESAMPLES", "SEED", "Interval", "median_interval", "ratio_interval", "separate"]
+__all__ = ["LEVEL", "MIN_ENGINES", "RESAMPLES", "SEED", "Interval", "median_interval", "ratio_interval", "separate"]
 
 # 10 000 resamples put the 2.5th/97.5th percentiles within well under a rounding step of the tables' digits.
 RESAMPLES = 10_000
 SEED = 0
 LEVEL = 0.95
+# Fewer engines per row than this give no interval worth the name (one engine: [v, v]): no difference is claimed.
+MIN_ENGINES = 3
 
 
 @dataclass(frozen=True)

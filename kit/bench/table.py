@@ -9,7 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
-from kit.bench.stats import Interval, median_interval, ratio_interval, separate
+from kit.bench.stats import MIN_ENGINES, Interval, median_interval, ratio_interval, separate
 from kit.core.topology import Topology, TopologyError
 
 __all__ = ["SPEEDUP_HEAD", "TABLE_HEAD", "aggregate", "breakdown_lines", "load_runs", "payoff_rows", "save_run",
@@ -30,7 +30,14 @@ def _describe(label: str, topo: Topology, batch: int | None) -> dict:
 
 
 def save_run(path: str, record: dict) -> None:
-    """Append one engine run (one batch size) to a JSONL file, for ``--from-runs`` to merge later."""
+    """Append one engine run (one batch size) to a JSONL file, for ``--from-runs`` to merge later; a ``.gz`` path
+    gets one gzip member per record (a step trace is large; readers such as ``kit trace`` read it whole)."""
+    if str(path).endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "at") as f:
+            f.write(json.dumps(record) + "\n")
+        return
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
@@ -114,11 +121,15 @@ def _variant(row: dict) -> str | None:
 def _speedup(row: dict, base: dict, kind: str) -> dict:
     """``row``'s decode tok/s over ``base``'s: the ratio of medians, its interval, and whether the difference is
     claimed (``separate``): only when the speed-up's interval excludes 1.0 and the two rows' own intervals do not
-    overlap, so neither a lucky ratio nor two stray engines alone make a claim."""
+    overlap, so neither a lucky ratio nor two stray engines alone make a claim; and never with fewer than
+    :data:`~kit.bench.stats.MIN_ENGINES` engines on either side (``too_few``: one engine's "interval" is a point)."""
     a, b = row["decode_tok_s"], base["decode_tok_s"]
     ci = ratio_interval(a["values"], b["values"])
     rows_apart = separate(Interval(a["median"], a["lo"], a["hi"]), Interval(b["median"], b["lo"], b["hi"]))
-    return {"over": base["label"], "kind": kind, **ci.to_dict(), "separate": ci.excludes(1.0) and rows_apart}
+    too_few = min(len([v for v in a["values"] if v is not None]),
+                  len([v for v in b["values"] if v is not None])) < MIN_ENGINES
+    return {"over": base["label"], "kind": kind, **ci.to_dict(), "too_few": too_few,
+            "separate": ci.excludes(1.0) and rows_apart and not too_few}
 
 
 # The variant of a ``kit bench --layer-partition`` row: ``"[layers 5-3]"``.
@@ -168,13 +179,18 @@ def _fmt_speedup(sp: dict) -> str:
 def speedup_lines(rows: list[dict]) -> list[str]:
     """The speed-up table (rows of :func:`aggregate`): one line per speed-up; ``separate`` marks a difference the
     runs support (:func:`_speedup`), ``overlap`` one they do not. Empty when no row has a speed-up."""
-    lines = [f"| {r['label']} | {sp['over']} | {_fmt_speedup(sp)} | {'separate' if sp['separate'] else 'overlap'} |"
+    def verdict(sp: dict) -> str:
+        return f"not claimed (< {MIN_ENGINES} engines)" if sp.get("too_few") else \
+            "separate" if sp["separate"] else "overlap"
+
+    lines = [f"| {r['label']} | {sp['over']} | {_fmt_speedup(sp)} | {verdict(sp)} |"
              for r in rows for sp in r.get("speedups") or []]
     if not lines:
         return []
     return ["", "Decode speed-ups: a row's median decode tok/s over another's, with the bootstrap 95 % interval of "
             "the ratio (each row's engines resampled on their own); a difference is claimed (separate) only when that "
-            "interval excludes 1.00x and the two rows' own intervals do not overlap.", "", *SPEEDUP_HEAD, *lines]
+            f"interval excludes 1.00x and the two rows' own intervals do not overlap, with at least {MIN_ENGINES} "
+            "engines per row.", "", *SPEEDUP_HEAD, *lines]
 
 
 def _fmt(s: dict | None, fmt: str) -> str:

@@ -340,3 +340,23 @@ def timeline_findings(traces: list[dict], summaries: dict[str, dict]) -> str:
                          + (f" ({t['held_out']} times a running request was held out of a step)" if t.get("held_out")
                             else "") + ".")
     return "\n".join(lines)
+
+
+def pipelined_findings(checks: dict[str, dict]) -> str:
+    """What the pipelined prediction shows (``{label: kit.bench.pipelined.check(...)}``): which bound set the
+    period, how far off the prediction was and in which direction, and the speed-up per step against per request."""
+    if not checks:
+        return ""
+    errs = [c["error"] for c in checks.values()]
+    bound_names = sorted({c["bound"] for c in checks.values()})
+    direction = ("optimistic (the measured step was longer)" if all(e < 0 for e in errs) else
+                 "pessimistic (the measured step was shorter)" if all(e > 0 for e in errs) else "off both ways")
+    rows = "; ".join(f"{label.split(' ', 1)[1]}: {1e3 * c['period']:.2f} ms predicted, {1e3 * c['measured']:.2f} ms "
+                     f"measured, {c['speedup']:.2f}x predicted against {c['measured_speedup']:.2f}x per step and "
+                     f"{c['measured_speedup_per_request']:.2f}x per request" for label, c in checks.items())
+    return (f"**What the prediction shows:** the bound that set the period was the {' and the '.join(bound_names)} "
+            f"bound; the prediction was {direction}, by {span([abs(e) for e in errs], '{:.0%}')} ({rows}). What "
+            "the bounds leave out: in the pipelined run a group's step queues behind the other group's on the busy "
+            "last stage, so its round trip is longer than the serial step it was predicted from, and rank 0 waits "
+            "for it. The speed-up per request can differ from the one per step where the two runs' steps carried "
+            "slightly different numbers of requests (requests finishing at different times).")

@@ -3,7 +3,8 @@ has a step to compute: PP steps in flight instead of one, with and without draft
 
 What breaks without it (speed, not tokens; vLLM 0.32.0, V1 runner, PP > 1, sync scheduling): the engine core's batch queue holds up to PP
 steps and schedules the next one while earlier ones are in flight, but nothing ever overlaps (measured:
-``docs/results/payoff.md``, "Where PP + MTP loses against PP alone"; PP=2 at 0.70x PP=1's decode speed):
+``docs/results/payoff.md``, "Where a PP=2 decode step's time goes", the ``[off]`` rows: no step in flight with drafts,
+an empty step after each computed one without):
 - the scheduler puts every runnable request into the first step, so the next one comes out empty (every request
   is in flight and has nothing to compute) and the queue waits on the first;
 - with drafts, ``EngineCore.post_step`` asks the last rank for the drafts (``take_draft_token_ids``) right after
