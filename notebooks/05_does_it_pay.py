@@ -403,6 +403,11 @@ claim(bool(split) and min(shares_in_flight.values()) >= 0.8,
       {k: round(v, 3) for k, v in shares_in_flight.items() if v < 0.8})
 busiest = {label: max(s["busy"] for s in t["stages"]) / t["period"] for label, t in stage_runs.items()}
 pairs = [(label.replace(" [off]", ""), label) for label in serial if label.replace(" [off]", "") in split]
+off_shares = [busiest[label] for label in serial]
+claim(bool(off_shares) and max(off_shares) < 2 / 3,
+      f"bench timeline: in vLLM's loop no stage computes two thirds of a step (the busiest stage "
+      f"{min(off_shares):.0%} to {max(off_shares):.0%} of the period, in {len(off_shares)} runs)",
+      {label: round(busiest[label], 3) for label in serial if busiest[label] >= 2 / 3})
 claim(bool(pairs) and all(busiest[on] > busiest[off] for on, off in pairs),
       "bench timeline: at batch 4 and 8 the busiest stage computes a larger share of each step pipelined than in "
       "vLLM's loop (" + "; ".join(f"{on.split(' ', 1)[1]}: {busiest[on]:.0%} against {busiest[off]:.0%}"
