@@ -268,7 +268,8 @@ def test_a_worker_dead_without_a_traceback_is_explained(tmp_path, how):
 
     log = tmp_path / "engine.log"
     with ManagedProcess([sys.executable, "-c", _DYING_WORKER, how], log_path=log, name="fake engine") as mp:
-        deadline, dead = time.monotonic() + 30, None
+        deadline = time.monotonic() + 30
+        dead = None
         while dead is None and time.monotonic() < deadline:
             dead = mp.check_children()
             time.sleep(0.05)
@@ -309,7 +310,8 @@ def test_a_forked_child_of_a_worker_is_not_the_worker(tmp_path):
     from kit.engine.procs import ManagedProcess
 
     with ManagedProcess([sys.executable, "-c", _FORKING_WORKER], log_path=tmp_path / "log", name="fake engine") as mp:
-        deadline, dead, seen = time.monotonic() + 5, None, set()
+        deadline = time.monotonic() + 5
+        dead, seen = None, set()
         while time.monotonic() < deadline and dead is None:
             dead = mp.check_children()
             seen |= {p.pid for p in mp.tree()}
