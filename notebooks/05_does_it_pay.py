@@ -436,7 +436,7 @@ checks = {label.replace(" [off]", ""): pipelined.check(t, stage_runs[label.repla
 display(Markdown("\n".join(
     ["| run | serial period ms | bounds ms (stage / cores / round trip) | predicted ms | measured ms | error "
      "| predicted speed-up | measured (per step / per request) |", "|---|---|---|---|---|---|---|---|"]
-    + [f"| {label} | {1e3 * spec_serial[label.replace(' b', ' [off] b')]['period']:.2f} | "
+    + [f"| {label} | {1e3 * c['serial']:.2f} | "
        + " / ".join(f"{1e3 * v:.2f}" for v in c["bounds"].values())
        + f" | {1e3 * c['period']:.2f} ({c['bound']}) | {1e3 * c['measured']:.2f} | {c['error']:+.0%} | "
        f"{c['speedup']:.2f}x | {c['measured_speedup']:.2f}x / {c['measured_speedup_per_request']:.2f}x |"

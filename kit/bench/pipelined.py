@@ -37,11 +37,12 @@ def predict(serial: dict, groups: int = 2, cores: int = 2) -> dict:
 
 
 def check(serial: dict, pipelined: dict, groups: int = 2, cores: int = 2) -> dict:
-    """The prediction against a pipelined run's :func:`summary`: measured period, error of the predicted one
-    (``error`` = predicted / measured - 1), measured speed-up (periods, then per request: the two runs' requests
-    per step differ a little where requests finish at different times)."""
+    """The prediction against a pipelined run's :func:`summary`: the serial period it came from (``serial``), the
+    measured one, the error of the predicted one (``error`` = predicted / measured - 1), the measured speed-up
+    (periods, then per request: the two runs' requests per step differ a little where requests finish at different
+    times)."""
     p = predict(serial, groups, cores)
     measured = pipelined["period"]
     per_request = (serial["period"] / serial["reqs_per_step"]) / (measured / pipelined["reqs_per_step"])
-    return {**p, "measured": measured, "error": p["period"] / measured - 1.0,
+    return {**p, "serial": serial["period"], "measured": measured, "error": p["period"] / measured - 1.0,
             "measured_speedup": serial["period"] / measured, "measured_speedup_per_request": per_request}

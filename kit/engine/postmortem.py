@@ -44,11 +44,11 @@ def oom_kills() -> int | None:
     """The kernel's out-of-memory kills so far: the machine's and this cgroup's, summed; None if neither is
     readable."""
     total, found = 0, False
-    for path, key in (("/proc/vmstat", "oom_kill"),) + tuple((p, "oom_kill") for p in _CGROUP_OOM_FILES):
+    for path in ("/proc/vmstat", *_CGROUP_OOM_FILES):  # each has an "oom_kill N" line
         try:
             for line in Path(path).read_text().splitlines():
                 name, _, value = line.partition(" ")
-                if name == key and value.strip().isdigit():
+                if name == "oom_kill" and value.strip().isdigit():
                     total += int(value)
                     found = True
         except OSError:
