@@ -319,3 +319,72 @@ def test_a_forked_child_of_a_worker_is_not_the_worker(tmp_path):
         assert dead is None, dead
         assert len(seen) >= 6, seen  # the forked children were there to be seen
         assert list(mp._seen.values()) == ["VLLM::Worker_PP0"]
+
+
+def test_the_run_folder_goes_with_a_caller_killed_hard(tmp_path):
+    """A caller killed with SIGKILL never removes its run's folder under the kit's cache (request, result, logs; a
+    failed run's is kept until the caller exits): the guard, which outlives it, removes the folder its tree logs
+    in. A folder of another kind beside it stays."""
+    run_dir = tmp_path / "kit-run-abc123"
+    run_dir.mkdir()
+    (run_dir / "request.json").write_text("{}")
+    other = tmp_path / "notes"
+    other.mkdir()
+    caller, pid = start_guarded_caller(_TREE, run_dir / "engine.log", "pid")
+    guard = psutil.Process(int(pid))
+    caller.kill()
+    caller.wait(timeout=10)
+    psutil.wait_procs([guard], timeout=30)
+    assert not run_dir.exists(), sorted(p.name for p in run_dir.iterdir())
+    assert other.exists()
+
+
+_DIST_TREE = textwrap.dedent("""
+    import os, signal, sys, tempfile, uuid
+    ident = "vllm_dist_" + uuid.uuid4().hex
+    open(os.path.join(tempfile.gettempdir(), ident), "w").close()   # vLLM's file-store rendezvous, in TMPDIR
+    name = ident + "-pp:0-[0-1]-cpushm_1"                          # the CPU PP communicator's segment
+    with open("/dev/shm/" + name, "wb") as f:                         # made, and never held while anyone looked
+        f.write(b"x")
+    print("segment", name, flush=True)
+    if sys.argv[1] == "terminate":
+        sys.stdin.read()  # wait: the test kills the whole tree, guard included
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.parametrize("who", ["guard", "terminate"])
+def test_a_pp_segment_never_seen_held_is_removed_by_its_name(tmp_path, who):
+    """A worker killed right after making its PP communicator segment was never seen holding it; the segment's
+    name carries the rendezvous id whose file lies in the tree's temp folder, so the guard (or terminate(), when the
+    guard was killed too) removes it. A segment of the same kind named after another rendezvous stays."""
+    from kit.engine.procs import ManagedProcess
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    other = f"/dev/shm/vllm_dist_{os.getpid():x}kittest-pp:0-[0-1]-cpushm_0"
+    open(other, "wb").close()
+    log = tmp_path / "tree.log"
+    mp = ManagedProcess([sys.executable, "-c", _DIST_TREE, who], log_path=log, name="dist tree")
+    name = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "segment" not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.05)
+        name = log.read_text().split("segment")[1].split()[0]
+        if who == "terminate":
+            tree = mp.tree()
+            for p in tree:
+                p.kill()
+            psutil.wait_procs(tree, timeout=10)
+            assert os.path.exists(f"/dev/shm/{name}")  # nobody cleaned up yet
+        else:
+            mp.popen.wait(timeout=30)  # the guard's own cleanup after its command died
+        mp.terminate()
+        assert not os.path.exists(f"/dev/shm/{name}"), f"{name} was left behind"
+        assert os.path.exists(other), "a segment of another rendezvous was removed"
+    finally:
+        mp.terminate()
+        for path in (other, f"/dev/shm/{name}" if name else None):
+            if path and os.path.exists(path):
+                os.unlink(path)

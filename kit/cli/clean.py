@@ -13,8 +13,9 @@ import subprocess
 import sys
 
 from kit.core.models import cache_dir
+from kit.engine.guard import RUN_DIR_PREFIXES
 
-RUN_FOLDERS = ("kit-run-*", "kit-srv-*", "kit-pd-*", "kit-nodes-*")
+RUN_FOLDERS = tuple(f"{prefix}*" for prefix in RUN_DIR_PREFIXES)
 CHECKPOINTS = "random"
 
 

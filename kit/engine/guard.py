@@ -14,7 +14,8 @@ A tree killed that way cannot unlink its POSIX shared memory: vLLM's shm broadca
 ran that its own tree was seen holding and that no live process has open or mapped any more
 (:class:`kit.engine.shm.ShmWatch`, its ledger also kept in the file ``KIT_SHM_LEDGER`` names, for whoever cleans up
 after a guard killed with its tree), and the tree's own temp folder (``KIT_TREE_TMPDIR``, where vLLM's ipc sockets
-went).
+went). When the caller itself died, the guard also removes the run's folder under the kit's cache (``KIT_RUN_DIR``):
+nobody is left to read its log or remove it.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import sys
 import time
 
 GRACE_SECONDS = 10.0
-from kit.engine.shm import ShmWatch
+from kit.engine.lifecycle import ENV_KEEP_RUNS
+from kit.engine.shm import ShmWatch, dist_idents
 # The tree's own temp folder (TMPDIR, VLLM_RPC_BASE_PATH: vLLM's ipc sockets and vllm_dist_* files), made by
 # kit.engine.procs.ManagedProcess and named in this variable; removed here when the tree has ended.
 TREE_TMP_ENV = "KIT_TREE_TMPDIR"
@@ -33,6 +35,10 @@ TREE_TMP_PREFIX = "kit-tmp-"
 # The file the guard's ShmWatch appends the tree's /dev/shm inodes to (kit.engine.procs.ManagedProcess names it and
 # reads it if the guard was killed with its tree, so one watch serves both); removed here once the guard cleaned up.
 SHM_LEDGER_ENV = "KIT_SHM_LEDGER"
+# The run's folder under the kit's cache (request, result, logs), which the caller removes; named so that the guard
+# can remove it when the caller was killed hard and never will (only folders of these kinds).
+RUN_DIR_ENV = "KIT_RUN_DIR"
+RUN_DIR_PREFIXES = ("kit-run-", "kit-srv-", "kit-pd-", "kit-nodes-")
 
 
 def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
@@ -76,15 +82,34 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     shm.stop()
     _kill_rest_of_group()
-    _wait_group_gone(2.0)
-    shm.remove()
+    _wait_group_gone(10.0)
+    shm.claim_dist(dist_idents(os.environ.get(TREE_TMP_ENV)))  # segments made and never seen held (killed at once)
+    shm.remove(settle=3.0)
     _remove_tree_tmp()
-    if ledger and os.path.basename(ledger).startswith(TREE_TMP_PREFIX):  # cleaned up: nothing left to read
-        try:
+    if ledger and os.path.basename(ledger).startswith(TREE_TMP_PREFIX) and not shm.entries():
+        try:  # cleaned up: nothing left to read (else kit.engine.procs.ManagedProcess.terminate tries again)
             os.unlink(ledger)
         except OSError:
             pass
+    if parent and os.getppid() != parent:  # the caller died: nobody will read or remove the run's folder now
+        _remove_run_dir()
     os._exit(rc if rc >= 0 else 128 - rc)
+
+
+def _remove_run_dir() -> None:
+    """Remove the run's folder under the kit's cache (``RUN_DIR_ENV``; only a ``kit-*`` folder owned by us). A live
+    caller removes it itself (a failed run's when it exits, :func:`kit.engine.lifecycle.remove_run_dir`); a caller
+    killed hard never does, so the guard, which outlives it, does. ``KIT_KEEP_RUNS=1`` keeps it."""
+    import shutil
+
+    d = os.environ.get(RUN_DIR_ENV, "").rstrip("/")
+    if not d or os.environ.get(ENV_KEEP_RUNS) == "1" or not os.path.basename(d).startswith(RUN_DIR_PREFIXES):
+        return
+    try:
+        if os.stat(d).st_uid == os.getuid():
+            shutil.rmtree(d, ignore_errors=True)
+    except OSError:
+        pass
 
 
 def _remove_tree_tmp() -> None:

@@ -26,10 +26,10 @@ from typing import Any, Callable, TypeVar
 
 import psutil
 
-from kit.engine.guard import SHM_LEDGER_ENV, TREE_TMP_ENV, TREE_TMP_PREFIX
+from kit.engine.guard import RUN_DIR_ENV, RUN_DIR_PREFIXES, SHM_LEDGER_ENV, TREE_TMP_ENV, TREE_TMP_PREFIX
 from kit.engine.guard import command as guard_command
 from kit.engine.postmortem import exit_status, hints, oom_kills
-from kit.engine.shm import SHM_DIR, ShmLedger, in_use, is_vllm_shm
+from kit.engine.shm import SHM_DIR, ShmLedger, dist_idents, in_use, is_vllm_shm
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 T = TypeVar("T")
@@ -197,6 +197,10 @@ class ManagedProcess:
         self.shm_ledger = self.tmpdir + ".shm"
         full_env.update({"TMPDIR": self.tmpdir, "VLLM_RPC_BASE_PATH": self.tmpdir, TREE_TMP_ENV: self.tmpdir,
                          SHM_LEDGER_ENV: self.shm_ledger})
+        # A log in a run's folder under the kit's cache (kit-run-*, kit-srv-*, ...): the guard removes that folder if
+        # this process is killed hard and so never removes it itself.
+        if self.log_path and self.log_path.parent.name.startswith(RUN_DIR_PREFIXES):
+            full_env[RUN_DIR_ENV] = str(self.log_path.parent)
         # torch.compile's cache stays where it was (it is keyed by content, and worth keeping across runs).
         full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
         # A crash in native code (SIGSEGV, SIGILL, SIGBUS, SIGABRT) then leaves the Python stack in the log.
@@ -351,8 +355,16 @@ class ManagedProcess:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        # What the guard recorded and, killed, did not remove; and the PP communicator's segments named after the
+        # tree's rendezvous file (a worker killed at once after making one was never seen holding it).
+        ledger = ShmLedger.load(self.shm_ledger)
+        ledger.claim_dist(dist_idents(self.tmpdir))
         shutil.rmtree(self.tmpdir, ignore_errors=True)  # also when the guard itself was killed hard
-        ShmLedger.load(self.shm_ledger).remove()  # what the guard recorded and, killed, did not remove
+        if ledger.entries():  # the tree's last processes (orphans included) may still be exiting: wait, then look
+            deadline = time.monotonic() + 5.0
+            while run_processes(self.run_id) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            ledger.remove(settle=2.0)
         try:
             os.unlink(self.shm_ledger)
         except OSError:

@@ -7,7 +7,8 @@ only: an entry that appeared meanwhile may belong to another run that has not ma
 spawned child is about to open). So a :class:`ShmLedger` records what the run's processes have open or mapped
 (by inode: a semaphore is created under a temporary name, mapped, then linked to its final name), and at the end
 removes the recorded entries that no live process uses any more. An entry the run made and never held between
-two looks is left alone (a leak, never a wrong removal).
+two looks is left alone (a leak, never a wrong removal), except the CPU PP communicator's segments, which carry
+the run's rendezvous id in their names (:func:`dist_idents`, :meth:`ShmLedger.claim_dist`).
 """
 from __future__ import annotations
 
@@ -26,6 +27,21 @@ _PREFIX = SHM_DIR + "/"
 def is_vllm_shm(name: str) -> bool:
     """A /dev/shm entry of the kinds vLLM (and multiprocessing) create."""
     return name.startswith(SHM_PREFIXES) or SHM_INFIX in name
+
+
+DIST_PREFIX = "vllm_dist_"  # vLLM's file-store rendezvous under the tree's temp folder; its name prefixes the segments
+
+
+def dist_idents(folder: str | None) -> list[str]:
+    """The rendezvous ids (``vllm_dist_<hex>``) of the run whose temp folder is ``folder``.
+
+    vLLM's CPU worker names its PP communicator's segments after its rendezvous file (``VLLM_DIST_IDENT``, the
+    file's base name: ``/dev/shm/vllm_dist_<hex>-pp:...-cpushm_<rank>``), and that file lies in the tree's own temp
+    folder. So a segment a worker made and was killed before anyone saw it hold is still tied to its run by name."""
+    try:
+        return sorted(n for n in os.listdir(folder) if n.startswith(DIST_PREFIX)) if folder else []
+    except OSError:
+        return []
 
 
 def held_by(pids: Iterable[int]) -> tuple[set[str], set[int]]:
@@ -97,6 +113,19 @@ class ShmLedger:
         with self._lock:
             self.inodes |= inodes
 
+    def claim_dist(self, idents: Iterable[str]) -> None:
+        """Record the /dev/shm entries named after the run's rendezvous ids (:func:`dist_idents`), held or not."""
+        prefixes = tuple(f"{i}-" for i in idents)
+        if not prefixes:
+            return
+        try:
+            with os.scandir(SHM_DIR) as it:
+                found = {e.inode() for e in it if e.name.startswith(prefixes)}
+        except OSError:
+            return
+        with self._lock:
+            self.inodes |= found
+
     def entries(self) -> list[str]:
         """Recorded entries still present (this user's, of the kinds vLLM makes)."""
         with self._lock:
@@ -122,16 +151,22 @@ class ShmLedger:
         used = in_use()
         return [n for n in mine if n not in used]
 
-    def remove(self) -> list[str]:
-        """Unlink :meth:`left`; returns the names removed."""
-        removed = []
-        for name in self.left():
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-                removed.append(name)
-            except OSError:
-                continue
-        return removed
+    def remove(self, settle: float = 0.0) -> list[str]:
+        """Unlink :meth:`left`; returns the names removed. With ``settle``, look again for up to that many seconds
+        while recorded entries are still in use: a killed tree's last processes may still be exiting (unmapping
+        hundreds of MiB on a busy machine) when the first look is made."""
+        removed: list[str] = []
+        end = time.monotonic() + settle
+        while True:
+            for name in self.left():
+                try:
+                    os.unlink(os.path.join(SHM_DIR, name))
+                    removed.append(name)
+                except OSError:
+                    continue
+            if not self.entries() or time.monotonic() >= end:
+                return removed
+            time.sleep(0.1)
 
 
 class ShmWatch(ShmLedger):
