@@ -206,7 +206,8 @@ def test_a_layer_split_row_is_compared_with_the_even_split_and_with_pp1(capsys, 
     lines = []
     for rep in range(5):
         for label, pp, tok_s in (("pp1 mtp:2", 1, TIGHT[rep]), ("pp2 mtp:2", 2, 0.8 * TIGHT[rep]),
-                                 ("pp2 mtp:2 [layers 5-3]", 2, 0.96 * TIGHT[rep])):
+                                 ("pp2 mtp:2 [layers 5-3]", 2, 0.96 * TIGHT[rep]),
+                                 ("pp2 mtp:2 [layers 5-3] [g3]", 2, 1.0 * TIGHT[rep])):
             rec = _record("m", pp, 2, 8, tok_s, 2.5, 0.01, 0.008, 0.001)
             lines.append({**rec, "topology": f"{label} b8", "components": None})
     p = tmp_path / "runs.jsonl"
@@ -215,6 +216,9 @@ def test_a_layer_split_row_is_compared_with_the_even_split_and_with_pp1(capsys, 
     rows = {r["topology"]: r for r in json.loads(capsys.readouterr().out.strip().splitlines()[-1])}
     got = [(s["kind"], s["over"], round(s["median"], 2)) for s in rows["pp2 mtp:2 [layers 5-3] b8"]["speedups"]]
     assert got == [("variant", "pp2 mtp:2 b8", 1.2), ("pp", "pp1 mtp:2 b8", 0.96)]
+    # A split with a --variant on top: over the even split, and over the plain PP=1 row.
+    got = [(s["kind"], s["over"], round(s["median"], 2)) for s in rows["pp2 mtp:2 [layers 5-3] [g3] b8"]["speedups"]]
+    assert got == [("variant", "pp2 mtp:2 b8", 1.25), ("pp", "pp1 mtp:2 b8", 1.0)]
 
 
 def test_a_layer_split_for_no_pp_of_the_grid_is_bad_input(capsys):

@@ -55,3 +55,35 @@ def test_microbatches_off_and_on(no_leftovers):
     assert all(len(g) == NUM_PROMPTS // 2 for g in on["groups"]), on["groups"]
     assert all(not (a & b) for a, b in zip(on["groups"], on["groups"][1:])), "a request in two adjacent steps"
     assert on["in_flight"]["overlap_steps"] > on["decode_steps"] // 2, (on["in_flight"], on["decode_steps"])
+
+
+def test_three_groups_at_pp2_take_turns_with_the_same_tokens(no_leftovers):
+    """``KIT_PP_GROUPS=3`` at PP=2 without drafts, 8 prompts at once: the requests take turns in three disjoint groups
+    (3, 3 and 2 requests; a request never in two of any three consecutive steps: three steps in flight), and the
+    tokens are the PP=1 no-spec reference's."""
+    prompts = load_prompts(limit=NUM_PROMPTS)
+    t = Topology(model=MODEL, random_weights=True, pp=2)
+    ref = reference_for(t, prompts, MAX_TOKENS)
+    jobs = [{"kind": "rpc", "method": "kit_trace_start"},
+            {"kind": "generate", "prompts": prompts, "max_tokens": MAX_TOKENS},
+            {"kind": "rpc", "method": "kit_trace_read"}]
+    res = engine.run(t, jobs, env={"KIT_PATCHES": "all", "KIT_PP_GROUPS": "3"})
+    got = engine.GenerationResult.from_dict(res["jobs"][1])
+    assert first_divergence(ref, got) is None, first_divergence(ref, got)
+    events = steptrace.merge(res["jobs"][2])
+    by = steptrace.steps(events)
+    groups = [frozenset(by[s]["forward"][0]["reqs"]) for s in steptrace.decode_steps(events)]
+    full = [g for g in groups if len(g) > 1]  # the tail: requests end at different steps only with drafts; none here
+    assert sorted(len(g) for g in full[:3]) == [2, 3, 3], groups[:6]
+    assert all(not (a & b) and not (a & c) and not (b & c) for a, b, c in zip(groups, groups[1:], groups[2:])), \
+        "a request in two of three consecutive steps"
+
+
+def test_the_group_count_is_checked():
+    from kit.patches.pp_microbatches import GROUPS_ENV, groups
+
+    assert groups(2, {}) == 2 and groups(4, {GROUPS_ENV: ""}) == 4
+    assert groups(2, {GROUPS_ENV: "3"}) == 3 and groups(2, {GROUPS_ENV: "4"}) == 4
+    for bad in ("1", "5", "x", "-3", "2.5"):
+        with pytest.raises(ValueError, match=GROUPS_ENV):
+            groups(2, {GROUPS_ENV: bad})

@@ -273,8 +273,8 @@ def register(sub) -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for every engine (overrides the topology's), e.g. VLLM_CPU_OMP_THREADS_BIND=0")
     p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[;KEY=VALUE]",
-                   help="also run every grid row with this environment, labelled [LABEL], interleaved with the rows "
-                        "without it, e.g. 'off:KIT_PATCHES=all,-pp_microbatches' (a patch off and on side by side)")
+                   help="also run every grid row (--layer-partition rows too) with this environment, labelled [LABEL], "
+                        "interleaved with the rows without it, e.g. 'off:KIT_PATCHES=all,-pp_microbatches' (a patch off and on side by side)")
     p.add_argument("--layer-partition", action="append", default=[], metavar="N,N[,...]|auto",
                    help="also run each grid row whose PP has this many stages with these decoder layers per stage "
                         "(Topology.layer_partition, vLLM's VLLM_PP_LAYER_PARTITION), labelled [layers N-N]; 'auto': "
@@ -374,8 +374,10 @@ def run(args: argparse.Namespace) -> int:
             parts = [part for part in splits if len(part) == pp]
             if auto and pp > 1 and (a := t.with_(layer_partition="auto").layer_partition) and a not in parts:
                 parts.append(a)  # auto's split where it is not the even one, labelled by the split it picked
-            cases += [(f"pp{pp} {spec} {LAYERS_VARIANT}{'-'.join(map(str, part))}]", t.with_(layer_partition=part), None)
-                      for part in parts]
+            for part in parts:  # each split plain, then with each --variant
+                split = f"pp{pp} {spec} {LAYERS_VARIANT}{'-'.join(map(str, part))}]"
+                cases.append((split, t.with_(layer_partition=part), None))
+                cases += [(f"{split} [{name}]", t.with_(layer_partition=part), env) for name, env in variants]
     if args.patch_cost and not args.from_runs:
         for pp in check_counts(args.patch_cost_pp, "--patch-cost-pp"):
             t = Topology(**common, pp=pp, enforce_eager=not args.compiled)

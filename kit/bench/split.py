@@ -41,7 +41,8 @@ def split_lines(records: list[dict], num_layers: dict[str, int]) -> list[str]:
     for r in records:
         st = (r.get("timeline") or {}).get("stages") or []
         v = _variant(r)
-        if r.get("pp", 1) < 2 or len(st) != r["pp"] or v is None or (v and not v.startswith(LAYERS_VARIANT)):
+        if r.get("pp", 1) < 2 or len(st) != r["pp"] or v is None or (v and not v.startswith(LAYERS_VARIANT)) \
+                or "] [" in v:  # a split with a --variant on top ("[layers 5-3] [g3]") is not the split alone
             continue
         part = tuple(int(x) for x in v[len(LAYERS_VARIANT):-1].split("-")) if v else None
         groups.setdefault((r["model"], r["pp"], r["spec"], r.get("batch"), part), []).append(

