@@ -157,6 +157,10 @@ def test_decode_side_pp_spec_without_the_fix(no_leftovers):
              "only supported on the prefill side")
 
 
+def test_pp_groups_out_of_range(no_leftovers):
+    _refused(lambda: engine.run(_t(pp=2), [], env={"KIT_PP_GROUPS": "5"}), "KIT_PP_GROUPS='5'")
+
+
 def test_eagle3_draft_model_missing(no_leftovers):
     _refused(lambda: Topology(model=MODEL, random_weights=True, spec="eagle3:1"), "eagle3 needs a draft model")
 

@@ -7,6 +7,7 @@ starts. Notebooks and the CLI use this.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import threading
 import time
@@ -39,9 +40,11 @@ def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: boo
     """Refuse, before any process starts, what vLLM with the selected patches would refuse at start-up.
 
     Today: the decode-side PP + speculation rule (``kit.patches.decode_side_pp_spec_rule``) under the
-    ``KIT_PATCHES`` value the vLLM processes will see. Raises :class:`TopologyError`.
+    ``KIT_PATCHES`` value the vLLM processes will see, and ``KIT_PP_GROUPS`` (``kit.patches.pp_microbatches``).
+    Raises :class:`TopologyError`.
     """
     from kit.patches.decode_side_pp_spec_rule import check_before_start
+    from kit.patches.pp_microbatches import groups as pp_groups
 
     env = env or {}
     if topology.pd_role == "consumer" and not in_pair:
@@ -49,6 +52,8 @@ def precheck(topology: Topology, env: dict[str, str] | None = None, in_pair: boo
                             "(or `kit pd`), not as a single engine or server")
     try:
         check_before_start(topology.pp, topology.spec is not None, topology.pd_role, env.get("KIT_PATCHES"))
+        if topology.pp > 1:  # the engine core would refuse it only after the workers started
+            pp_groups(topology.pp, {**os.environ, **env})
     except ValueError as e:
         raise TopologyError(str(e)) from None
 
