@@ -25,8 +25,13 @@ kernel stores it) all four PP=1 MTP cells are token-identical.
 ``cpu_gdn_spec_cpp_conv`` sends the same verified tokens' conv through the decode path's C++ kernel: with either
 patch alone the PP=1 MTP k = 1 run on 8 prompts x 40 tokens is token-identical (2026-12-05); with both off it parts
 at that tie (``tests/test_qwen3_5.py::test_verified_tokens_computed_as_decode_steps_off_and_on``).
-The AMX / Arm bf16 path (``_causal_conv1d_update_cpu``, a C++ kernel, used when all rows have the same length)
-is vLLM's own, unchanged, and not exercised on the machines the kit was measured on.
+Third, on AMX (and Arm bf16) CPUs: when every row of a step has the same length, vLLM takes a multi-token C++ branch
+(``_causal_conv1d_update_cpu`` with ``num_accepted_tokens``) that keeps the conv history in the wide buffer its own
+way, and a later step through the roll above (rows of unequal length) does not continue from it. Measured on an Intel
+Xeon with AMX (2026-12-06, ``kit matrix``): tiny-qwen3_5 with n-gram k=2 at PP=1 parted from the no-spec engine, the
+trained model at prompt 0 position 20 (reference margin 0.53), the random one at position 2 (margin 0.15), while
+every MTP cell (all rows always k drafts) was identical. The patched function never takes that branch: every CPU
+computes verified tokens as the machines without AMX do.
 Upstream: none found. Target: vLLM 0.32.0 CPU build. Removal: when vLLM's CPU GDN roll handles short steps and its
 speculative path computes each token as the decode path does.
 Turn off: ``KIT_PATCHES=all,-cpu_gdn_spec_conv_window``.
@@ -93,8 +98,14 @@ def _make(orig):
         bias = layer.conv1d.bias
         silu = layer.activation == "silu"
 
+        # kit: never vLLM's multi-token AMX / Arm bf16 branch. It holds a row's conv history in the wide buffer its own
+        # way, which the roll below (a step with fewer than k drafts, rows of unequal length) does not continue from:
+        # on an AMX CPU, tiny-qwen3_5 with n-gram k=2 at PP=1 parted from the no-spec engine at margins up to 0.53.
+        # Every CPU then computes a verified token as the machines without AMX do, one token at a time through the
+        # decode path's kernel.
         can_use_native_conv = (
-            (is_amx or g.is_arm_bf16())
+            False
+            and (is_amx or g.is_arm_bf16())
             and width == 4
             and num_spec_decodes > 0
             and bool(torch.all(seq_lens == seq_lens[0]).item())
