@@ -182,3 +182,36 @@ def test_pd_api_key_reaches_both_servers_from_flag_or_environment(monkeypatch, c
     assert cli.main(["pd", "--model", MODEL, "--random", "--json"]) == 0
     assert seen == ["s3cret", "from-env", None]
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["identical"] is True
+
+
+def test_sigterm_runs_the_commands_teardown(tmp_path):
+    """``kill PID`` of a ``kit`` command: Python's default would end it at once, leaving a failed run's folder (kept
+    until the command exits) in the kit's cache; the command line turns SIGTERM into an exception, so its
+    ``finally`` blocks and exit handlers run."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import ROOT
+
+    folder = tmp_path / "kit-run-failed"
+    folder.mkdir()
+    script = textwrap.dedent(f"""
+        import sys, time; sys.path.insert(0, {str(ROOT)!r})
+        from kit.cli.main import Terminated, stop_on_sigterm
+        from kit.engine.lifecycle import remove_run_dir
+        stop_on_sigterm()
+        remove_run_dir({str(folder)!r}, failed=True)  # a failed run: its folder kept until this process exits
+        print("ready", flush=True)
+        try:
+            time.sleep(60)
+        except Terminated:
+            sys.exit(143)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    assert folder.exists()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 143
+    assert not folder.exists()

@@ -109,8 +109,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(BaseException):
+    """SIGTERM to a ``kit`` command, raised where it runs so that its teardown runs (see :func:`stop_on_sigterm`)."""
+
+
+def stop_on_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated`: Python's default ends the process at once, skipping every ``finally``
+    and ``atexit`` (the engine trees would be ended by their guards, but failed runs' folders, kept until the
+    command exits, would stay in the kit's cache). Only for the command line itself, not for a caller of
+    :func:`main` in its own process."""
+    import signal
+
+    def raise_terminated(signum, frame) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, raise_terminated)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``kit ...``: parse, run the subcommand, and turn bad input into one stderr line and exit 2."""
+    if argv is None:
+        stop_on_sigterm()
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
@@ -132,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # the process trees were ended on the way out (kit.engine.procs teardown)
         print(f"{args.prog}: interrupted (Ctrl-C); the vLLM processes it started are ended", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"{args.prog}: terminated (SIGTERM); the vLLM processes it started are ended", file=sys.stderr)
+        return 143
     finally:
         if quiet:  # a caller in the same process (a test, a notebook) gets its status lines back
             from kit.engine.progress import set_quiet
