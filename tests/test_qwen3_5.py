@@ -63,7 +63,8 @@ def test_gdn_short_spec_steps_off_and_on(patched, no_leftovers):
     t = Topology(model="tiny-qwen3_5", random_weights=True, pp=1, spec="ngram:2")
     env = {"KIT_PATCHES": "all" if patched else "all,-cpu_gdn_spec_conv_window"}
     if not patched:
-        with pytest.raises(engine.EngineError, match="must match the size of tensor"):
+        # Without AMX the torch roll overruns its buffer; on an AMX CPU vLLM's C++ branch refuses the short step.
+        with pytest.raises(engine.EngineError, match="must match the size of tensor|num_accepted_tokens must be in"):
             engine.generate(t, load_prompts(limit=8), max_tokens=40, env=env, timeout=900)
         return
     r = engine.generate(t, load_prompts(limit=8), max_tokens=40, env=env, timeout=900)
