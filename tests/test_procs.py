@@ -126,6 +126,14 @@ def test_guard_removes_the_shared_memory_a_killed_tree_left(tmp_path):
 
 
 
+def _segment_named_in(log, timeout: float = 30.0) -> str:
+    """The name the tree printed after ``segment`` in its log, once it is there."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and "segment" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.05)
+    return log.read_text().split("segment")[1].split()[0]
+
+
 _SHM_HELD = ("import time, uuid\n"
              "from multiprocessing import resource_tracker, shared_memory\n"
              "name = 'psm_kittest_' + uuid.uuid4().hex[:8]\n"
@@ -149,10 +157,7 @@ def test_terminate_removes_the_shared_memory_of_a_tree_killed_with_its_guard(tmp
     other = f"/dev/shm/psm_kittest_other_{os.getpid()}"
     name = None
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "segment" not in (log.read_text() if log.exists() else ""):
-            time.sleep(0.1)
-        name = log.read_text().split("segment")[1].split()[0]
+        name = _segment_named_in(log)
         with open(other, "wb") as f:  # made while the tree runs, by no process of it, held by none
             f.write(b"x")
         time.sleep(1.0)  # held a while: the tree is seen holding it
@@ -340,7 +345,7 @@ def test_the_run_folder_goes_with_a_caller_killed_hard(tmp_path):
 
 
 _DIST_TREE = textwrap.dedent("""
-    import os, signal, sys, tempfile, uuid
+    import os, signal, sys, tempfile, time, uuid
     ident = "vllm_dist_" + uuid.uuid4().hex
     open(os.path.join(tempfile.gettempdir(), ident), "w").close()   # vLLM's file-store rendezvous, in TMPDIR
     name = ident + "-pp:0-[0-1]-cpushm_1"                          # the CPU PP communicator's segment
@@ -348,7 +353,7 @@ _DIST_TREE = textwrap.dedent("""
         f.write(b"x")
     print("segment", name, flush=True)
     if sys.argv[1] == "terminate":
-        sys.stdin.read()  # wait: the test kills the whole tree, guard included
+        time.sleep(300)  # wait: the test kills the whole tree, guard included (stdin is /dev/null here)
     os.kill(os.getpid(), signal.SIGKILL)
 """)
 
@@ -368,10 +373,7 @@ def test_a_pp_segment_never_seen_held_is_removed_by_its_name(tmp_path, who):
     mp = ManagedProcess([sys.executable, "-c", _DIST_TREE, who], log_path=log, name="dist tree")
     name = None
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "segment" not in (log.read_text() if log.exists() else ""):
-            time.sleep(0.05)
-        name = log.read_text().split("segment")[1].split()[0]
+        name = _segment_named_in(log)
         if who == "terminate":
             tree = mp.tree()
             for p in tree:
