@@ -274,12 +274,14 @@ class ManagedProcess:
                 # Seen with a vLLM title before and alive under another now: a forked child that has exec'd.
                 self._seen.pop(pid, None)
             elif pid not in self._seen and parents[pid] in current and (
-                    current[parents[pid]] == title or names[parents[pid]] == names[pid]):
+                    current[parents[pid]].startswith(title) or names[parents[pid]] == names[pid]):
                 # A child that inherited its parent's title (and name) by fork and has not retitled itself: not a
                 # vLLM process. A worker's subprocesses (g++ and python helpers under torch.compile's cold start,
                 # over a hundred per worker) carry "VLLM::Worker_PP0" between fork and exec, or an empty command
                 # line and the name "VLLM::Worker_PP"; one caught in that window and gone by the next poll was
-                # reported as the worker's death (CI, a fresh machine's first compiled run).
+                # reported as the worker's death (CI, a fresh machine's first compiled run). A prefix, not equality:
+                # a child on its way out shows only the 15-character name, while psutil names the parent after its
+                # whole command line ("VLLM::Worker_PP0").
                 continue
             else:  # the latest title: a worker is "VLLM::Worker" before "VLLM::Worker_PP1"
                 self._seen[pid] = title
