@@ -126,6 +126,13 @@ def test_guard_removes_the_shared_memory_a_killed_tree_left(tmp_path):
 
 
 
+def _unlink_present(*paths) -> None:
+    """Remove what a test made or a tree left in /dev/shm (``None`` and missing paths skipped)."""
+    for path in paths:
+        if path and os.path.exists(path):
+            os.unlink(path)
+
+
 def _segment_named_in(log, timeout: float = 30.0) -> str:
     """The name the tree printed after ``segment`` in its log, once it is there."""
     deadline = time.monotonic() + timeout
@@ -175,9 +182,7 @@ def test_terminate_removes_the_shared_memory_of_a_tree_killed_with_its_guard(tmp
         assert os.path.exists(other), "terminate() removed an entry its tree never held"
     finally:
         mp.terminate()
-        for path in (other, f"/dev/shm/{name}" if name else None):
-            if path and os.path.exists(path):
-                os.unlink(path)
+        _unlink_present(other, f"/dev/shm/{name}" if name else None)
 
 
 
@@ -387,6 +392,4 @@ def test_a_pp_segment_never_seen_held_is_removed_by_its_name(tmp_path, who):
         assert os.path.exists(other), "a segment of another rendezvous was removed"
     finally:
         mp.terminate()
-        for path in (other, f"/dev/shm/{name}" if name else None):
-            if path and os.path.exists(path):
-                os.unlink(path)
+        _unlink_present(other, f"/dev/shm/{name}" if name else None)
