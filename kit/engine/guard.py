@@ -96,32 +96,30 @@ def guard(cmd: list[str], grace: float = GRACE_SECONDS) -> int:
     os._exit(rc if rc >= 0 else 128 - rc)
 
 
-def _remove_run_dir() -> None:
-    """Remove the run's folder under the kit's cache (``RUN_DIR_ENV``; only a ``kit-*`` folder owned by us). A live
-    caller removes it itself (a failed run's when it exits, :func:`kit.engine.lifecycle.remove_run_dir`); a caller
-    killed hard never does, so the guard, which outlives it, does. ``KIT_KEEP_RUNS=1`` keeps it."""
+def _remove_own_folder(env: str, prefixes: str | tuple[str, ...]) -> None:
+    """Remove the folder the variable ``env`` names, only if the kit made it: its name starts with one of
+    ``prefixes`` and this user owns it."""
     import shutil
 
-    d = os.environ.get(RUN_DIR_ENV, "").rstrip("/")
-    if not d or os.environ.get(ENV_KEEP_RUNS) == "1" or not os.path.basename(d).startswith(RUN_DIR_PREFIXES):
-        return
+    d = os.environ.get(env, "").rstrip("/")
     try:
-        if os.stat(d).st_uid == os.getuid():
+        if d and os.path.basename(d).startswith(prefixes) and os.stat(d).st_uid == os.getuid():
             shutil.rmtree(d, ignore_errors=True)
     except OSError:
         pass
+
+
+def _remove_run_dir() -> None:
+    """Remove the run's folder under the kit's cache (``RUN_DIR_ENV``, a ``kit-*`` folder). A live caller removes it
+    itself (a failed run's when it exits, :func:`kit.engine.lifecycle.remove_run_dir`); a caller killed hard never
+    does, so the guard, which outlives it, does. ``KIT_KEEP_RUNS=1`` keeps it."""
+    if os.environ.get(ENV_KEEP_RUNS) != "1":
+        _remove_own_folder(RUN_DIR_ENV, RUN_DIR_PREFIXES)
 
 
 def _remove_tree_tmp() -> None:
-    """Remove the tree's temp folder (only one the kit made: named ``kit-tmp-*`` and owned by us)."""
-    import shutil
-
-    d = os.environ.get(TREE_TMP_ENV, "")
-    try:
-        if os.path.basename(d.rstrip("/")).startswith(TREE_TMP_PREFIX) and os.stat(d).st_uid == os.getuid():
-            shutil.rmtree(d, ignore_errors=True)
-    except OSError:
-        pass
+    """Remove the tree's temp folder (``kit-tmp-*``, where vLLM's ipc sockets and rendezvous files went)."""
+    _remove_own_folder(TREE_TMP_ENV, TREE_TMP_PREFIX)
 
 
 def _group_members() -> list:
