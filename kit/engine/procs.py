@@ -29,7 +29,7 @@ import psutil
 from kit.engine.guard import RUN_DIR_ENV, RUN_DIR_PREFIXES, SHM_LEDGER_ENV, TREE_TMP_ENV, TREE_TMP_PREFIX
 from kit.engine.guard import command as guard_command
 from kit.engine.postmortem import exit_status, hints, oom_kills
-from kit.engine.shm import SHM_DIR, ShmLedger, dist_idents, in_use, is_vllm_shm
+from kit.engine.shm import DIST_PREFIX, SHM_DIR, ShmLedger, dist_idents, in_use, is_vllm_shm
 
 _LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
 T = TypeVar("T")
@@ -480,8 +480,8 @@ def _reapers(owner: int) -> set[int]:
 
 # What vLLM leaves under the temp dir when a tree is not given its own: ZMQ ipc sockets named by a uuid4 and the
 # file-store rendezvous; plus the kit's per-tree folders.
-_TEMP_NAMES = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}|vllm_dist_[0-9a-f]+|"
-                         + re.escape(TREE_TMP_PREFIX) + r".+)$")
+_TEMP_NAMES = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}|"
+                         + re.escape(DIST_PREFIX) + r"[0-9a-f]+|" + re.escape(TREE_TMP_PREFIX) + r".+)$")
 
 
 def vllm_temp_entries() -> set[str]:
