@@ -10,7 +10,7 @@ from conftest import MODEL
 
 from kit import engine
 from kit.checks.compare import first_divergence, load_prompts
-from kit.checks.matrix import CELLS, MAX_TOKENS, NUM_PROMPTS, reference_for, run_cell
+from kit.checks.matrix import CELLS, MAX_TOKENS, NUM_PROMPTS, counters_key, reference_for, run_cell
 from kit.core.topology import Topology
 
 pytestmark = pytest.mark.engine
@@ -50,6 +50,18 @@ def test_fast_cells(cell, no_leftovers):
 @pytest.mark.parametrize("cell", [c for c in CELLS if not c.fast], ids=lambda c: c.id)
 def test_slow_cells(cell):
     _check(cell)
+
+
+def test_a_pp_cell_is_compared_with_the_pp1_cell_of_its_own_traffic_and_prompts():
+    """`kit matrix`'s "= PP=1 counters" column: a cell with a layer split is held to the PP=1 cell of the same
+    prompts, never to a traffic cell run later with the same model and drafter (a full run once compared
+    tiny-mimo-trained-pp2-mtp2-seqs3-layers3-1's [94, 72] with the traffic cell's [123, 100])."""
+    by_id = {c.id: c for c in CELLS}
+    split = by_id["tiny-mimo-trained-pp2-mtp2-seqs3-layers3-1"]
+    assert counters_key(split) == counters_key(by_id["tiny-mimo-trained-pp1-mtp2-seqs3"])
+    assert counters_key(split) != counters_key(by_id["tiny-mimo-trained-pp1-mtp2-seqs3-traffic"])
+    assert counters_key(by_id["tiny-mimo-trained-pp2-mtp2-seqs3-traffic"]) == \
+        counters_key(by_id["tiny-mimo-trained-pp1-mtp2-seqs3-traffic"])
 
 
 def test_acceptance_parity_pp1_pp2_ngram(no_leftovers):

@@ -223,6 +223,13 @@ def run_cell(cell: Cell, prompts: list[str] | None = None, max_tokens: int = MAX
     return compare(cell.topology(), prompts, max_tokens=max_tokens, reference=ref, stop_token_ids=stop, env=cell.env())
 
 
+def counters_key(c: Cell) -> tuple:
+    """What a PP>1 cell's accepted drafts per position must equal: those of the PP=1 cell with this key in the same
+    run. Everything that decides the drafts (weights, drafter, step loop, batch limit, prompts, traffic) is in it;
+    the PP size, the layer split and the patches turned off are not (none of them may change the drafts)."""
+    return (c.model, c.random, c.spec, c.eager, c.max_num_seqs, c.prompts, c.traffic)
+
+
 def register(sub) -> None:
     """Add ``kit matrix`` to the ``kit`` command tree (exit 1 when a cell differs or fails)."""
     p = add_command(sub, "matrix", run, help="run the correctness matrix and print a markdown table")
@@ -264,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
             cmp = run_cell(c)
             d = cmp.to_dict()
             a = d["acceptance"]
-            sibling = (c.model, c.random, c.spec, c.eager, c.max_num_seqs, c.prompts)
+            sibling = counters_key(c)
             same = "-"
             if c.spec != "none" and c.pp == 1:
                 pp1[sibling] = a["per_position"]
