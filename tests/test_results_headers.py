@@ -57,9 +57,6 @@ DOCS = sorted(RESULTS.glob("*.md"))
 # (document, heading) -> the command(s), "; "-separated, that measure the section's figures again (as blocks where
 # the command writes one). Each entry says who quotes the figures.
 REMEASURE: dict[tuple[str, str], str] = {
-    # matrix.md's blocks of 2026-12-01 (the full matrix's header and command typed: no --write): docs/status.md
-    # quotes them (every cell identical, equal acceptance per position at PP 1/2/4, the drafter families).
-    ("matrix.md", "Full matrix"): "kit matrix --write docs/results/matrix.md",
     # docs/status.md quotes it (KV transfer timeouts reported with their cause).
     ("tests.md", "Fault injection, 2026-12-01"):
         "./test.sh -m reliability; kit test-report --junit runs/junit/FILE.xml --write docs/results/tests.md",
