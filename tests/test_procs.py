@@ -393,3 +393,39 @@ def test_a_pp_segment_never_seen_held_is_removed_by_its_name(tmp_path, who):
     finally:
         mp.terminate()
         _unlink_present(other, f"/dev/shm/{name}" if name else None)
+
+
+_SEM_IGNORING_TERM = textwrap.dedent("""
+    import multiprocessing as mp, os, signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # as a vLLM worker after a failure: only SIGKILL ends it
+    before = set(os.listdir("/dev/shm"))
+    lock = mp.get_context("spawn").Lock()           # a named semaphore, registered with this process's tracker
+    print("semaphore", *(set(os.listdir("/dev/shm")) - before), flush=True)
+    time.sleep(300)
+""")
+
+
+def test_the_resource_tracker_is_killed_last_and_removes_the_semaphores(tmp_path):
+    """A tree ended with SIGKILL: its ``multiprocessing.resource_tracker`` gets its seconds after the others are
+    gone, and unlinks the named semaphores they registered (killed with them, it left a ``sem.mp-*`` behind after a
+    fault test's run)."""
+    from kit.engine.guard import kill_trackers_last
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    proc = subprocess.Popen([sys.executable, "-c", _SEM_IGNORING_TERM], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    name = None
+    try:
+        name = proc.stdout.readline().split()[1]
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+        assert any("resource_tracker" in " ".join(p.cmdline()) for p in tree), [p.cmdline() for p in tree]
+        assert os.path.exists(f"/dev/shm/{name}")
+        kill_trackers_last(tree)
+        psutil.wait_procs(tree, timeout=10)
+        assert not os.path.exists(f"/dev/shm/{name}"), f"{name} was left behind"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        _unlink_present(f"/dev/shm/{name}" if name else None)

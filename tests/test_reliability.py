@@ -172,28 +172,34 @@ def _plain_completion(srv, prompt: str, max_tokens: int) -> list[int]:
 
 
 @pytest.mark.pd
-def test_pd_faults_are_reported_fast_and_survivors_keep_serving(no_leftovers):
+def test_pd_faults_are_reported_fast_and_survivors_keep_serving(no_leftovers, monkeypatch):
     """Consumer killed mid-decode, then (a new pair) producer killed after prefill: each time the caller gets a
     PDError naming the dead server within 30 s, and the surviving server answers the next request with the
     reference's tokens."""
     from kit.engine import generate
+    from kit.pd import client
 
     pd, p, c = _pd_pair()
     ref = generate(c.reference(), PROMPTS, max_tokens=48)
 
-    # 1. the consumer dies mid-decode (streaming, long output)
+    # 1. the consumer dies mid-decode (streaming, long output): killed as its first streamed tokens arrive (a kill
+    # at a fixed 2 s once came after the 1000 tokens were already decoded, and nothing failed).
     with pd.PDPair(p, c) as pair:
         ok = pair.complete(PROMPTS[0], max_tokens=48)
         assert ok.error is None and ok.token_ids == ref.token_ids[0], ok.error
         killed = []
+        events = client.post_events
 
-        def kill_later():
-            time.sleep(2.0)
-            killed.append(time.monotonic())
-            _kill_server_tree(pair.consumer)
+        def kill_at_first_tokens(*args, **kwargs):
+            for chunk in events(*args, **kwargs):
+                yield chunk
+                if not killed and any(ch.get("token_ids") for ch in chunk.get("choices") or []):
+                    killed.append(time.monotonic())
+                    _kill_server_tree(pair.consumer)
 
-        threading.Thread(target=kill_later, daemon=True).start()
+        monkeypatch.setattr(client, "post_events", kill_at_first_tokens)
         rec = pair.complete(PROMPTS[1], max_tokens=1000, stream=True)
+        monkeypatch.undo()
         assert rec.error and "consumer" in rec.error and ("died" in rec.error or "failed" in rec.error), rec.error
         assert killed and time.monotonic() - killed[0] < 30
         # The producer survives and still serves correctly.

@@ -140,11 +140,39 @@ def _group_members() -> list:
 def _kill_rest_of_group() -> None:
     """SIGKILL what the command left in our process group (engine core, workers, resource tracker),
     but not the guard itself, so that its exit code is the command's."""
-    for p in _group_members():
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            continue
+    kill_trackers_last(_group_members())
+
+
+def _is_tracker(p) -> bool:
+    try:
+        return "resource_tracker" in " ".join(p.cmdline())
+    except Exception:  # gone, or not ours to read
+        return False
+
+
+def kill_trackers_last(procs: list, wait: float = 3.0) -> None:
+    """SIGKILL ``procs`` (psutil processes), Python's ``multiprocessing.resource_tracker`` processes last.
+
+    A tracker unlinks the named semaphores (``/dev/shm/sem.mp-*``) its processes registered and never removed once
+    every one of them is gone (its pipe reaches EOF), then exits; it ignores SIGTERM. Killed with the others, it
+    leaves them behind (seen: one ``sem.mp-*`` after a run whose worker was killed). So it gets ``wait`` seconds to
+    do that before it is killed too."""
+    import psutil
+
+    trackers = [p for p in procs if _is_tracker(p)]
+    for p in procs:
+        if p not in trackers:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    if trackers:
+        _, alive = psutil.wait_procs(trackers, timeout=wait)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
 
 
 def _wait_group_gone(timeout: float) -> None:

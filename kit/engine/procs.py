@@ -28,6 +28,7 @@ import psutil
 
 from kit.engine.guard import RUN_DIR_ENV, RUN_DIR_PREFIXES, SHM_LEDGER_ENV, TREE_TMP_ENV, TREE_TMP_PREFIX
 from kit.engine.guard import command as guard_command
+from kit.engine.guard import kill_trackers_last
 from kit.engine.postmortem import exit_status, hints, oom_kills
 from kit.engine.shm import DIST_PREFIX, SHM_DIR, ShmLedger, dist_idents, in_use, is_vllm_shm
 
@@ -346,11 +347,7 @@ class ManagedProcess:
                 pass
         _, alive = psutil.wait_procs(procs, timeout=grace)
         alive += [p for p in self.tree() if p not in alive]
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        kill_trackers_last(alive)  # a resource tracker removes its processes' named semaphores once they are gone
         self._signal_group(signal.SIGKILL, procs)
         psutil.wait_procs(alive, timeout=5)
         try:
