@@ -57,9 +57,6 @@ DOCS = sorted(RESULTS.glob("*.md"))
 # (document, heading) -> the command(s), "; "-separated, that measure the section's figures again (as blocks where
 # the command writes one). Each entry says who quotes the figures.
 REMEASURE: dict[tuple[str, str], str] = {
-    # docs/status.md quotes it (KV transfer timeouts reported with their cause).
-    ("tests.md", "Fault injection, 2026-12-01"):
-        "./test.sh -m reliability; kit test-report --junit runs/junit/FILE.xml --write docs/results/tests.md",
 }
 
 EXTENSIONS = (".py", ".md", ".json", ".jsonl", ".gz", ".sh", ".toml", ".yml", ".yaml", ".ipynb", ".html", ".xml",
