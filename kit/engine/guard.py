@@ -159,20 +159,17 @@ def kill_trackers_last(procs: list, wait: float = 3.0) -> None:
     do that before it is killed too."""
     import psutil
 
+    def kill(ps) -> None:
+        for p in ps:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
     trackers = [p for p in procs if _is_tracker(p)]
-    for p in procs:
-        if p not in trackers:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+    kill(p for p in procs if p not in trackers)
     if trackers:
-        _, alive = psutil.wait_procs(trackers, timeout=wait)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        kill(psutil.wait_procs(trackers, timeout=wait)[1])
 
 
 def _wait_group_gone(timeout: float) -> None:
