@@ -226,6 +226,21 @@ def test_a_layer_split_for_no_pp_of_the_grid_is_bad_input(capsys):
     assert "--layer-partition 3,2,2,1: no --pp size of the grid has 4 stages" in capsys.readouterr().err
 
 
+def test_an_unknown_row_is_bad_input_naming_the_rows_there_are(capsys):
+    assert main(["bench", "--pp", "1,2", "--spec", "none", "--variant", "off:KIT_PATCHES=none",
+                 "--rows", "pp1 none,pp2 none [of]"]) == 2
+    err = capsys.readouterr().err
+    assert "--rows 'pp2 none [of]' is no row of this grid" in err and "pp2 none [off]" in err
+
+
+def test_rows_keeps_only_the_named_rows_in_the_grids_order():
+    from kit.bench.measure import select_rows
+
+    cases = [("pp1 none", 1, None), ("pp1 none [off]", 1, {"K": "v"}), ("pp2 none", 2, None),
+             ("pp2 none [layers 3-1]", 2, None), ("pp2 none [layers 3-1] [off]", 2, {"K": "v"})]
+    assert select_rows(cases, "pp2 none [layers 3-1] [off], pp1 none") == [cases[0], cases[4]]
+
+
 def test_one_engine_per_row_claims_no_difference(capsys, tmp_path):
     """A timeline run has one engine per row: its "interval" is a point, and no speed-up is claimed from it however
     far apart the two figures are."""

@@ -75,6 +75,15 @@ def measure(topo: Topology, prompts: list[str], max_tokens: int, env: dict | Non
     return measure_batches(topo, prompts, max_tokens, env=env)[len(prompts)]
 
 
+def select_rows(cases: list, rows: str) -> list:
+    """The cases whose label is in ``--rows`` (comma-separated), in the grid's order; an unknown label is bad input."""
+    wanted = [r.strip() for r in rows.split(",") if r.strip()]
+    labels = [case[0] for case in cases]
+    if (unknown := [r for r in wanted if r not in labels]):
+        raise TopologyError(f"--rows {unknown[0]!r} is no row of this grid; its rows: {', '.join(labels)}")
+    return [case for case in cases if case[0] in wanted]
+
+
 def parse_variants(specs: list[str]) -> list[tuple[str, dict[str, str]]]:
     """``--variant LABEL:KEY=VALUE[;KEY=VALUE]`` -> ``[(LABEL, {KEY: VALUE})]`` (one line and exit 2 when malformed)."""
     out = []
@@ -280,6 +289,10 @@ def register(sub) -> None:
                         "(Topology.layer_partition, vLLM's VLLM_PP_LAYER_PARTITION), labelled [layers N-N]; 'auto': "
                         "each PP>1 row with the split Topology picks for it, where that is not the even one; "
                         "repeatable")
+    p.add_argument("--rows", default=None, metavar="LABEL[,LABEL...]",
+                   help="run only these rows of the grid, --variant and --layer-partition rows (labels as printed, "
+                        "without the batch, e.g. 'pp1 none,pp2 mtp:2 [layers 5-3] [g3]'): one run holds every "
+                        "question about a configuration without running each variant on every row")
     p.add_argument("--force", action="store_true", help="run even if other vLLM processes are alive")
     p.add_argument("--write", default=None, metavar="FILE",
                    help="also write the table into FILE (e.g. docs/results/bench.md), replacing this command's block")
@@ -378,6 +391,8 @@ def run(args: argparse.Namespace) -> int:
                 split = f"pp{pp} {spec} {LAYERS_VARIANT}{'-'.join(map(str, part))}]"
                 cases.append((split, t.with_(layer_partition=part), None))
                 cases += [(f"{split} [{name}]", t.with_(layer_partition=part), env) for name, env in variants]
+    if args.rows:
+        cases = select_rows(cases, args.rows)
     if args.patch_cost and not args.from_runs:
         for pp in check_counts(args.patch_cost_pp, "--patch-cost-pp"):
             t = Topology(**common, pp=pp, enforce_eager=not args.compiled)
