@@ -24,7 +24,7 @@ lets the engine core keep G steps in flight (its batch queue, ``EngineCore.__ini
 next step waits for its own output and drafts to come back through the engine core, and the first stage idles for
 that round trip; with PP + 1 a ready group is queued at the first stage meanwhile (vLLM's own pipelined mode, async
 scheduling on the V2 runner, keeps PP + 1 batches in flight too). Opt-in: on mimo-py-18m at PP=2, batch 8, 2 cores,
-three groups decoded at 0.70x of two (docs/results/bench.md, "Three micro-batch groups at PP=2").
+three groups decoded at 0.70x of two (docs/results/bench.md, "PP micro-batches in flight and the layer split").
 Upstream: vLLM V1 keeps one micro-batch per engine step under sync PP; upstream's pipelining is async scheduling
 with PP on the V2 runner (vLLM #32359, #32701), which the CPU build lacks. SGLang removed the same (pp-1)/pp cap
 (PR #40499). Target: vLLM 0.32.0. Removal: when the V1 scheduler forms micro-batches under sync PP.
