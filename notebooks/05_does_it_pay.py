@@ -149,9 +149,11 @@ display(Markdown(payoff_text.break_even(costs, preds)))
 # **A consistency check, not a prediction:** the costs of each (model, PP, batch) are fitted on the very rows they
 # are compared with, and the "prediction at occupancy" reads each row's own step count. That the fit reproduces its
 # rows says the cost model's shape is right; it cannot fail by much, so it is no evidence that the model predicts.
-# At batch 1 every step carries the one request, as the model assumes; at batch 4 a step carries fewer whenever a
-# group's requests finish at different steps or (PP=2) the scheduling gate keeps some out of a step. The row's
-# occupancy (plain steps / (speculative steps x mean acceptance length), 1 = full) measures that.
+# At batch 1 every step carries the one request, as the model assumes; at batch 4 a speculative step carries fewer
+# than a plain one whenever a group's requests finish at different steps. (At PP=2 the kit's pipelined schedule
+# splits the batch into two groups that take turns, with and without drafts alike, so both rows' steps carry half
+# the batch.) The row's occupancy (plain steps / (speculative steps x mean acceptance length), 1 = full) measures
+# that.
 
 # %%
 display(Markdown(payoff_text.in_place_summary(preds, BAND)))
@@ -176,8 +178,10 @@ claim(bool(m18) and all(p["measured"] > 1.0 for p in m18),
 # `kit.bench.holdout` fits the step costs on some of the recorded rows and predicts the others' speed-up over no
 # speculation. Of a held-out row it reads only the model, PP size, batch, k and the measured mean acceptance length
 # (acceptance is the input a user sets; speed is what is predicted), never its step times, step count or speed; the
-# occupancy of its speculative steps is predicted from the schedule (1 at PP=1, at batch 1 or without drafts,
-# 1/min(PP, batch) under PP with the scheduling gate), the measured one is shown beside it, not used. The splits:
+# occupancy of its speculative steps is predicted from the schedule (1 at PP=1, at batch 1, without drafts and on
+# the kit's pipelined PP schedule, where plain and speculative batches split into the same groups; 1/min(PP, batch)
+# only with `pp_microbatches` off, where vLLM's loop and the scheduling gate split the speculative batch alone), the
+# measured one is shown beside it, not used. The splits:
 # fit the smaller k and predict the larger (each row's own group), fit batch 1 and predict batch 4 (costs carried
 # over from the same model), fit one model and predict the other (carried over at the same PP and batch). The rows
 # are the same grid's engine runs (`RUNS`, what `kit bench --from-runs RUNS --holdout` reads), merged here.
@@ -190,8 +194,8 @@ claim(bool(m18) and all(p["measured"] > 1.0 for p in m18),
 # Carrying the costs from one model to the other: the two models spend different shares of a step in the target
 # forward, and the transfer rules (forward, drafter and fixed cost scaled through the target's own plain step) are
 # themselves guesses. A wrong side of break-even needs a row near 1.0x whose occupancy the schedule's rule misses:
-# the rule knows only "full" or "1/PP", and a batch that never split or a tail of requests finishing at different
-# steps lies between. The cell below counts both.
+# the rule knows only "full" (or "1/PP" with the pipelined schedule off), and a tail of requests finishing at
+# different steps lies between. The cell below counts both.
 # </details>
 
 # %%
@@ -345,11 +349,11 @@ payoff_plots.bars_figure(costs, payoff.acceptance_for_length(live[-1]["tokens_pe
 # ## PP=2 against PP=1
 # Under PP a request's step crosses the stages one after the other: a step pays every stage's forward and the
 # hand-offs between them, and two stages compute at once only when two micro-batches are in flight (the "forward
-# overlap" of `kit bench --breakdown`). With speculation the kit's scheduling gate (`kit.patches.pp_spec_schedule_gate`)
-# keeps a request out of a step while its previous step is in flight. The recorded rows were measured before the
-# kit's pipelined schedule (`pp_microbatches`) existed: their PP=2 steps ran one at a time (the forward overlap
-# below), as in vLLM's own loop; the next section compares the two schedules. Whether PP=2 paid less than PP=1 in
-# the recorded rows, and what its steps cost (`docs/results/payoff.md` has the full breakdown):
+# overlap" of `kit bench --breakdown`). The recorded rows ran on the kit's default pipelined schedule
+# (`pp_microbatches`): at batch 4 the running requests split into two groups that take turns, so one group's step
+# can be on rank 0 while the other's is on the last rank; at batch 1 there is one request and nothing to overlap.
+# The next section compares that schedule with vLLM's own loop. Whether PP=2 paid less than PP=1 in the recorded
+# rows, and what its steps cost (`docs/results/payoff.md` has the full breakdown):
 
 # %%
 display(Markdown(payoff_text.pp_compare(rows, costs, preds)))

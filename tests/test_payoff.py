@@ -371,9 +371,10 @@ def _law_row(c, model, pp, batch, k, length, occ=1.0, draft_scale=1.0):
 _LENGTHS = {0: 1.0, 1: 1.8, 2: 2.4, 3: 2.9}
 
 
-def _law_rows(model="m", batches=(1, 4), pps=(1, 2), ks=(0, 1, 2, 3), base=None):
-    """Rows of every (PP, batch, k) from one cost law per PP; at PP=2 and batch 4 the speculative steps carry
-    half the batch (the gate's split), as :func:`kit.bench.holdout.schedule_occupancy` predicts."""
+def _law_rows(model="m", batches=(1, 4), pps=(1, 2), ks=(0, 1, 2, 3), base=None, patches=None):
+    """Rows of every (PP, batch, k) from one cost law per PP, their steps as full as
+    :func:`kit.bench.holdout.schedule_occupancy` predicts for the patch selection ``patches`` (``KIT_PATCHES``;
+    with ``pp_microbatches`` off the speculative steps at PP=2 and batch 4 carry half the batch, the gate's split)."""
     from kit.bench.holdout import schedule_occupancy
 
     rows = []
@@ -383,7 +384,9 @@ def _law_rows(model="m", batches=(1, 4), pps=(1, 2), ks=(0, 1, 2, 3), base=None)
             # The drafter at batch b costs what the target forward does relative to batch 1 (transfer's rule).
             scale = law.forward_s(b) / law.forward_s(1)
             lawb = Costs(**{**law.to_dict(), "batch": b, "pp": pp})
-            rows += [_law_row(lawb, model, pp, b, k, _LENGTHS[k], schedule_occupancy(pp, b, k), scale) for k in ks]
+            on = patches is None or "pp_microbatches" not in patches
+            rows += [{**_law_row(lawb, model, pp, b, k, _LENGTHS[k], schedule_occupancy(pp, b, k, on), scale),
+                      **({"kit_patches": patches} if patches else {})} for k in ks]
     return rows
 
 
@@ -394,14 +397,16 @@ def _split(result, name):
 def test_holdout_predicts_a_larger_k_from_the_same_cost_law_exactly():
     from kit.bench.holdout import evaluate
 
-    rows = _law_rows(batches=(1, 4), pps=(1, 2))
-    s = _split(evaluate(rows), "fit k<=2 -> predict k=3")
-    assert [(g["pp"], g["batch"], g["k"]) for g in s["rows"]] == [(1, 1, 3), (1, 4, 3), (2, 1, 3), (2, 4, 3)]
-    assert s["fit"] == len(rows) - 4 and not s["skipped"]
-    assert s["max_abs_error"] < 1e-9
-    # The PP=2 batch-4 row ran half full: the occupancy was predicted from the schedule, not read.
-    assert [g["occupancy"] for g in s["rows"]] == [1.0, 1.0, 1.0, 0.5]
-    assert all(g["source"] == (g["model"], g["pp"], g["batch"]) for g in s["rows"])
+    for patches, occ in ((None, 1.0), ("all,-pp_microbatches", 0.5)):
+        rows = _law_rows(batches=(1, 4), pps=(1, 2), patches=patches)
+        s = _split(evaluate(rows), "fit k<=2 -> predict k=3")
+        assert [(g["pp"], g["batch"], g["k"]) for g in s["rows"]] == [(1, 1, 3), (1, 4, 3), (2, 1, 3), (2, 4, 3)]
+        assert s["fit"] == len(rows) - 4 and not s["skipped"]
+        assert s["max_abs_error"] < 1e-9, patches
+        # Pipelined, plain and speculative batches split alike (full steps); with vLLM's loop and the gate the
+        # PP=2 batch-4 row ran half full: the occupancy was predicted from the schedule, not read.
+        assert [g["occupancy"] for g in s["rows"]] == [1.0, 1.0, 1.0, occ]
+        assert all(g["source"] == (g["model"], g["pp"], g["batch"]) for g in s["rows"])
 
 
 def test_holdout_carries_costs_across_batch_and_model_when_the_law_holds():
@@ -451,7 +456,7 @@ def test_holdout_never_reads_the_held_out_rows_steps_or_costs():
 
     for name, held in (("fit k<=2 -> predict k=3", lambda r: r["k"] == 3),
                        ("fit batch 1 -> predict batch 4", lambda r: r["batch"] == 4 and r["k"])):
-        rows = _law_rows(batches=(1, 4), pps=(2,))
+        rows = _law_rows(batches=(1, 4), pps=(2,), patches="all,-pp_microbatches")
         before = [g["predicted"] for g in _split(evaluate(rows), name)["rows"]]
         in_place = [p["predicted_at_occupancy"] for p in predict(rows) if held(p)]
         for r in filter(held, rows):
@@ -463,14 +468,29 @@ def test_holdout_never_reads_the_held_out_rows_steps_or_costs():
         # The in-place fit reads those fields: its prediction at the measured occupancy moves.
         assert all(a != pytest.approx(b) for a, b in zip(in_place, [p["predicted_at_occupancy"] for p in predict(rows)
                                                                      if held(p)])), name
-    assert set(blind(rows[0])) == {"model", "pp", "batch", "k", "tokens_per_forward"}
+    assert set(blind(rows[0])) == {"model", "pp", "batch", "k", "tokens_per_forward", "microbatches"}
 
 
 def test_schedule_occupancy():
     from kit.bench.holdout import schedule_occupancy
 
     assert schedule_occupancy(1, 4, 2) == 1.0 and schedule_occupancy(2, 1, 2) == 1.0 and schedule_occupancy(2, 4, 0) == 1.0
-    assert schedule_occupancy(2, 4, 2) == 0.5 and schedule_occupancy(4, 8, 1) == 0.25 and schedule_occupancy(4, 2, 1) == 0.5
+    # The kit's default pipelined schedule splits plain and speculative batches alike.
+    assert schedule_occupancy(2, 4, 2) == 1.0 and schedule_occupancy(4, 8, 1) == 1.0
+    # vLLM's own loop with the gate (pp_microbatches off): only the speculative batch splits.
+    off = dict(microbatches=False)
+    assert schedule_occupancy(2, 4, 2, **off) == 0.5 and schedule_occupancy(4, 8, 1, **off) == 0.25
+    assert schedule_occupancy(4, 2, 1, **off) == 0.5 and schedule_occupancy(2, 4, 0, **off) == 1.0
+
+
+def test_a_rows_schedule_comes_from_its_patch_selection():
+    from kit.bench.holdout import blind, microbatches_on
+
+    row = {"model": "m", "pp": 2, "batch": 4, "k": 2, "tokens_per_forward": 2.0}
+    assert microbatches_on(row) and blind(row)["microbatches"]
+    off = {**row, "kit_patches": "all,-pp_microbatches"}
+    assert not microbatches_on(off) and not blind(off)["microbatches"]
+    assert not microbatches_on({**row, "kit_patches": "none"})
 
 
 def test_bench_holdout_prints_and_writes_the_splits(tmp_path, capsys):

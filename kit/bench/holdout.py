@@ -65,23 +65,34 @@ def splits_for(rows: list[dict]) -> list[Split]:
     return out
 
 
-def schedule_occupancy(pp: int, batch: int, k: int) -> float:
+def schedule_occupancy(pp: int, batch: int, k: int, microbatches: bool = True) -> float:
     """The predicted occupancy of speculative decode steps (1 = every step carries the plain engine's requests).
 
-    PP = 1, batch 1 or no drafts: 1. Under PP with the scheduling gate (``pp_spec_schedule_gate``, with vLLM's
-    batch queue on the default step loop) a request sits out the step after its own while that one is in flight,
-    so a batch splits into ``min(PP, batch)`` parts that take turns (docs/results/payoff.md, "The batch splits and
-    stays split"): each step carries ``1 / min(PP, batch)`` of the batch. It ignores the tail of a group whose
-    requests finish at different steps, and a group that never split.
+    PP = 1, batch 1 or no drafts: 1. On the kit's default schedule (``pp_microbatches``) the running requests
+    split into ``min(PP, batch)`` groups that take turns with and without drafts alike, so a speculative step
+    carries as many requests as a plain one: 1. With ``pp_microbatches`` off (``microbatches=False``: vLLM's own
+    loop with the scheduling gate ``pp_spec_schedule_gate``) only the speculative batch splits (a request sits out
+    the step after its own while that one is in flight), the plain one rides whole in every step: each
+    speculative step carries ``1 / min(PP, batch)`` of the batch. It ignores the tail of a group whose requests
+    finish at different steps, and a group that never split.
     """
-    if k == 0 or pp <= 1 or batch <= 1:
+    if k == 0 or pp <= 1 or batch <= 1 or microbatches:
         return 1.0
     return 1.0 / min(pp, batch)
 
 
+def microbatches_on(row: dict) -> bool:
+    """Whether a row ran with ``pp_microbatches`` selected: its ``kit_patches`` (the run's ``KIT_PATCHES``, saved by
+    ``kit bench`` for a ``--variant`` that sets it) or, without one, the default selection."""
+    from kit.patches import selected_names
+
+    return "pp_microbatches" in selected_names(row.get("kit_patches") or "all")
+
+
 def blind(row: dict) -> dict:
-    """What the predictor may read of a held-out row: :data:`BLIND_FIELDS`, nothing measured but acceptance."""
-    return {f: row[f] for f in BLIND_FIELDS}
+    """What the predictor may read of a held-out row: :data:`BLIND_FIELDS`, nothing measured but acceptance, and
+    its configuration's schedule (``microbatches``: whether ``pp_microbatches`` was selected)."""
+    return {**{f: row[f] for f in BLIND_FIELDS}, "microbatches": microbatches_on(row)}
 
 
 def transfer(source: Costs, source_plain: dict, target_plain: dict, batch: int, pp: int,
@@ -153,7 +164,7 @@ def predict_held(fit_rows: list[dict], held: dict, layers: dict[str, int] | None
             raise LookupError(f"layer counts of {source[0]} and {target[0]} unknown")
         costs = transfer(fitted, src[0]["components"], by_k[0]["components"], held["batch"], held["pp"], lay)
     full = costs.speedup_at_length(held["tokens_per_forward"], held["k"])
-    occ = schedule_occupancy(held["pp"], held["batch"], held["k"])
+    occ = schedule_occupancy(held["pp"], held["batch"], held["k"], held.get("microbatches", True))
     return {"predicted": full * occ, "predicted_full": full, "occupancy": occ, "source": source, "costs": costs}
 
 
@@ -227,8 +238,9 @@ def holdout_lines(rows: list[dict], layers: dict[str, int] | None = None) -> lis
     lines = ["", "Held-out predictions (kit.bench.holdout): each split fits the step costs on its fit rows only and "
              "predicts every held-out speculative row's decode speed-up over no speculation from the fitted costs, "
              "the row's model, PP, batch and k, its measured mean acceptance length (an input, as a user would set "
-             "it) and an occupancy predicted from the schedule (1 at PP=1 or batch 1, 1/min(PP, batch) under PP with "
-             "the scheduling gate); nothing else of the held-out row is read. Its group's no-spec row is a fit row "
+             "it) and an occupancy predicted from the schedule (1 at PP=1, at batch 1 and on the kit's default "
+             "pipelined schedule, where plain and speculative batches split alike; 1/min(PP, batch) under PP with "
+             "pp_microbatches off, where only the speculative batch splits); nothing else of the held-out row is read. Its group's no-spec row is a fit row "
              "(the baseline). fitted from: the group whose speculative rows gave the costs (another batch or model: "
              "carried over by kit.bench.holdout.transfer). The measured occupancy is shown, not used.", "",
              "| split | fit rows | held out | mean abs error | max abs error | within 15 % |", "|---|---|---|---|---|---|"]

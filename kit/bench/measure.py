@@ -441,7 +441,9 @@ def run(args: argparse.Namespace) -> int:
                 shown = label + "".join(f" [{kk}={vv}]" for kk, vv in extra_env.items() if f"{kk}=" not in label)
                 for b, r in per_batch.items():
                     events = r.pop("trace_events", None)
-                    records.append({**_describe(shown, topo, b if batches else None), **r})
+                    records.append({**_describe(shown, topo, b if batches else None), **r,
+                                    # The patch selection, where the row set one: the schedule it ran on.
+                                    **({"kit_patches": env["KIT_PATCHES"]} if env and "KIT_PATCHES" in env else {})})
                     if args.save_trace and events is not None:
                         save_run(args.save_trace, {"topology": records[-1]["topology"], "model": topo.model,
                                                    "env": env, "events": events})

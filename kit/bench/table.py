@@ -100,6 +100,7 @@ def aggregate(records: list[dict]) -> list[dict]:
             "tokens_per_target_forward": (_summary([r["tokens_per_target_forward"] for r in rs]) or {}).get("median"),
             "peak_rss_mib": max((max(r["peak_rss_mib"].values(), default=0) for r in rs), default=0),
             "components": median_engine(rs).get("components"),
+            **({"kit_patches": r0["kit_patches"]} if r0.get("kit_patches") else {}),
         })
     for r, sp in zip(rows, speedups(rows)):
         r["speedups"] = sp
@@ -218,7 +219,8 @@ def payoff_rows(rows: list[dict]) -> list[dict]:
         if r.get("batch") and r.get("components") and r["decode_tok_s"]:
             out.append({"model": r["model"], "pp": r["pp"], "batch": r["batch"], "k": r["k"],
                         "decode_tok_s": r["decode_tok_s"]["median"], "tokens_per_forward": r["mean_accept_len"] or 1.0,
-                        "components": r["components"], "label": r["label"]})
+                        "components": r["components"], "label": r["label"],
+                        **({"kit_patches": r["kit_patches"]} if r.get("kit_patches") else {})})
     return out
 
 
