@@ -90,3 +90,8 @@ def test_takeaway_names_the_losing_rows_and_the_held_out_count():
     assert "predicts 1 of 3 speed-ups within ±15% (the worst 27 % off)" in text
     preds[0]["acceptance"] = 0.2
     assert "below the break-even a* in some rows" in payoff_text.takeaway(preds, _result(), 0.15)
+    # With the measured speed-up's interval: a row counts as faster only when the whole interval lies above 1.0x.
+    preds[0]["interval"] = (0.9, 2.1)
+    text = payoff_text.takeaway(preds, _result(), 0.15)
+    assert "faster than no speculation in 0 of 2" in text
+    assert "not told apart from no speculation in m PP=1 batch 1 k=2 (1.80x [0.90–2.10], steps 100% full)" in text

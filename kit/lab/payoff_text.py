@@ -280,20 +280,32 @@ def timeline_summary(summaries: dict[str, dict]) -> str:
 def takeaway(preds: list[dict], result: list[dict], band: float) -> str:
     """The notebook's closing paragraph: where speculation paid in the recorded rows (and the rows where it lost,
     with their occupancy), the break-even against the measured acceptance, and how well the model predicts rows
-    it was not fitted on."""
-    paid = [p for p in preds if p["measured"] > 1.0]
-    lost = [p for p in preds if p["measured"] <= 1.0]
+    it was not fitted on. A pred with ``interval`` (the measured speed-up's bootstrap 95 % interval, lo and hi)
+    counts as faster or slower only when the interval lies wholly on that side of 1.0x; the rest are named as not
+    told apart."""
+    def side(p: dict) -> str:
+        lo, hi = p.get("interval") or (p["measured"], p["measured"])
+        return "paid" if lo > 1.0 else "lost" if hi <= 1.0 else "open"
+
+    paid = [p for p in preds if side(p) == "paid"]
+    lost = [p for p in preds if side(p) == "lost"]
+    open_ = [p for p in preds if side(p) == "open"]
     a_star = [p["break_even"] for p in preds if p["break_even"] is not None]
     held = _held(result)
     inside = sum(abs(g["error"]) <= band for _, g in held)
     worst = max((abs(g["error"]) for _, g in held), default=0.0)
     above = all(p["break_even"] is not None and p["acceptance"] > p["break_even"] for p in preds)
+    name = lambda p: f"{p['model']} PP={p['pp']} batch {p['batch']} k={p['k']}"  # noqa: E731
+    iv = lambda p: f" [{p['interval'][0]:.2f}–{p['interval'][1]:.2f}]" if p.get("interval") else ""  # noqa: E731
     first = (f"MTP decoded faster than no speculation in {len(paid)} of {len(preds)} recorded rows, its measured "
              f"acceptance ({span([p['acceptance'] for p in preds])}) "
              + ("above the break-even a* in every row" if above else "below the break-even a* in some rows")
              + f" (a* {span(a_star)})" + ("" if not lost else "; it lost only in " + ", ".join(
-                 f"{p['model']} PP={p['pp']} batch {p['batch']} k={p['k']} ({p['measured']:.2f}x), where its "
-                 f"speculative steps were {p['occupancy']:.0%} full" for p in lost)) + ".")
+                 f"{name(p)} ({p['measured']:.2f}x{iv(p)}), where its speculative steps were {p['occupancy']:.0%} "
+                 "full" for p in lost))
+             + ("" if not open_ else "; not told apart from no speculation in " + ", ".join(
+                 f"{name(p)} ({p['measured']:.2f}x{iv(p)}, steps {p['occupancy']:.0%} full)" for p in open_))
+             + ".")
     second = (f"Held out, the step-cost model predicts {inside} of {len(held)} speed-ups within ±{band:.0%} "
               f"(the worst {100 * worst:.0f} % off), so read its surface as a guide to the break-even, not to the "
               "second decimal.")
