@@ -368,11 +368,11 @@ display(Markdown(payoff_text.pp_compare(rows, costs, preds)))
 # %% [markdown]
 # ## Where a PP=2 step's time goes, serial and pipelined
 # The bench timeline (`kit bench --timeline`, `docs/results/payoff.md` gives its command) traced every decode step
-# on every rank of one engine per row, `mimo-py-18m` at PP=2 without drafts and with `mtp:2`, batch 1, 4 and 8,
+# on every rank of three engines per row, `mimo-py-18m` at PP=2 without drafts and with `mtp:2`, batch 4 and 8,
 # each with the kit's `pp_microbatches` schedule (the running requests split into two groups that take turns, so
 # one group's step can be on rank 0 while the other's is on the last rank) and without it (`[off]`: vLLM's own
 # loop). Each row records each stage's forward, its wait for the previous stage's hidden states, and the last
-# stage's sampling and drafting.
+# stage's sampling and drafting; each row below is its median engine by step period.
 #
 # **Predict, then look:** with the two stages on the machine's two cores and drafts on, how much of a decode step
 # does each stage compute in vLLM's own loop, and how much once two groups take turns?
@@ -389,7 +389,10 @@ from kit.bench import pipelined
 from kit.worker import steptrace
 
 traced = steptrace.load_traces(TRACE)
-stage_runs = {f"{t['model']} {t['topology']}": steptrace.summary(t["events"]) for t in traced}
+by_label = {}
+for t in traced:  # several engines per row: each row is drawn from its median engine by step period
+    by_label.setdefault(f"{t['model']} {t['topology']}", []).append(steptrace.summary(t["events"]))
+stage_runs = {label: sorted(runs_, key=lambda x: x["period"])[len(runs_) // 2] for label, runs_ in by_label.items()}
 timeline_runs = load_runs(str(Path(TRACE).with_name("timeline-runs.jsonl")))
 print(f"{len(traced)} traced engine runs from {TRACE}, started {min(r['started_at'] for r in timeline_runs)} to "
       f"{max(r['started_at'] for r in timeline_runs)}")
