@@ -91,16 +91,12 @@ measured = json.loads(Path(MEASURED_JSON).read_text())
 print("measured", measured["measured_at"], "on", measured["machine"], "|", measured["versions"])
 print("command:", measured["command"])
 rows = measured["rows"]
-prows = [{"model": r["model"], "pp": r["pp"], "batch": r["batch"], "k": r["k"],
-          "decode_tok_s": r["decode_tok_s"]["median"], "tokens_per_forward": r["mean_accept_len"] or 1.0,
-          "components": r["components"]} for r in rows if r.get("batch") and r.get("components")]
+prows = holdout.inputs(rows)  # each row with its measured speed-up's bootstrap 95 % interval (bench.json's)
 costs = payoff.costs_by_group(prows)
 preds = payoff.predict(prows, tolerance=BAND)
-# Each speculative row's measured speed-up interval (the bootstrap 95 % interval bench.json records with it).
-intervals = {(r["model"], r["pp"], r["batch"], r["k"]): (sp["lo"], sp["hi"]) for r in rows
-             for sp in r.get("speedups") or [] if sp["kind"] == "speculation" and sp.get("lo") is not None}
+intervals = {(r["model"], r["pp"], r["batch"], r["k"]): r["interval"] for r in prows}
 for p in preds:
-    p["interval"] = intervals.get((p["model"], p["pp"], p["batch"], p["k"]))
+    p["interval"] = intervals[(p["model"], p["pp"], p["batch"], p["k"])]
 display(Markdown(payoff_text.coverage(rows)))
 display(Markdown(payoff_text.model_shapes(list(dict.fromkeys(r["model"] for r in rows)))))
 table = pd.DataFrame([{"model": p["model"], "PP": p["pp"], "batch": p["batch"], "k": p["k"],

@@ -375,8 +375,9 @@ def _law_rows(model="m", batches=(1, 4), pps=(1, 2), ks=(0, 1, 2, 3), base=None,
     """Rows of every (PP, batch, k) from one cost law per PP, their steps as full as
     :func:`kit.bench.holdout.schedule_occupancy` predicts for the patch selection ``patches`` (``KIT_PATCHES``;
     with ``pp_microbatches`` off the speculative steps at PP=2 and batch 4 carry half the batch, the gate's split)."""
-    from kit.bench.holdout import schedule_occupancy
+    from kit.bench.holdout import microbatches_on, schedule_occupancy
 
+    on = microbatches_on({"kit_patches": patches})
     rows = []
     for pp in pps:
         law = base or _costs(draft_base_s=0.0005, fixed_spec_s=0.003 + 0.001 * (pp - 1))
@@ -384,7 +385,6 @@ def _law_rows(model="m", batches=(1, 4), pps=(1, 2), ks=(0, 1, 2, 3), base=None,
             # The drafter at batch b costs what the target forward does relative to batch 1 (transfer's rule).
             scale = law.forward_s(b) / law.forward_s(1)
             lawb = Costs(**{**law.to_dict(), "batch": b, "pp": pp})
-            on = patches is None or "pp_microbatches" not in patches
             rows += [{**_law_row(lawb, model, pp, b, k, _LENGTHS[k], schedule_occupancy(pp, b, k, on), scale),
                       **({"kit_patches": patches} if patches else {})} for k in ks]
     return rows
