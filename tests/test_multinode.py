@@ -235,6 +235,34 @@ def test_two_nodes_pp2_mtp2_tokens_acceptance_patches_sockets_and_node_death(tmp
 
 
 @pytest.mark.engine
+@pytest.mark.slow
+def test_two_nodes_keep_two_micro_batches_in_flight(no_leftovers):
+    """``kit compare --nodes 2 --timeline``: with the kit's ``pp_microbatches`` the leader's engine core keeps two
+    micro-batches in flight across the two nodes (one PP stage each) in at least 80 % of the decode steps, tokens
+    equal to the PP=1 reference and acceptance equal to PP=1 on one node; vLLM 0.32's own loop
+    (``KIT_PATCHES=all,-pp_microbatches``) keeps none, with the same tokens. The trace comes from both nodes'
+    workers through the leader's ``/collective_rpc``."""
+    from kit.checks.compare import compare
+    from kit.core.prompts import load_prompts
+
+    prompts = load_prompts(limit=8)
+    topo = Topology(model=MODEL, pp=2, spec="mtp:2", nodes=2)
+    on = compare(topo, prompts, max_tokens=48, timeline=True)
+    off = compare(topo, prompts, max_tokens=48, timeline=True, reference=on.reference,
+                  env={"KIT_PATCHES": "all,-pp_microbatches"})
+    for c in (on, off):
+        assert c.identical, c.divergence
+        assert c.acceptance_equal and c.result.spec.num_accepted_tokens > 0
+        assert [n["rank"] for n in c.result.topology["nodes"]] == [0, 1]
+    t_on, t_off = on.result.topology["timeline"], off.result.topology["timeline"]
+    print(f"in flight: on {t_on['in_flight']['overlap_steps']} of {t_on['decode_steps']} decode steps, "
+          f"off {t_off['in_flight']['overlap_steps']} of {t_off['decode_steps']}; period on "
+          f"{1e3 * t_on['period']:.2f} ms, off {1e3 * t_off['period']:.2f} ms")
+    assert t_on["decode_steps"] > 20 and t_on["in_flight"]["overlap_steps"] >= 0.8 * t_on["decode_steps"]
+    assert t_off["in_flight"]["overlap_steps"] == 0
+
+
+@pytest.mark.engine
 def test_two_node_mp_run_in_a_private_network(tmp_path, no_leftovers):
     """``kit compare --nodes 2 --backend mp`` as the kit starts it, where it can make a private network (root, as
     CI): during the run no socket of it listens in the host's network beyond loopback (the leader serves on a Unix

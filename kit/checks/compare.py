@@ -48,6 +48,7 @@ class Comparison:
                            "mean_acceptance_length": s.mean_acceptance_length},
             "scheduler": {"run": self.result.scheduler, "reference": self.reference.scheduler},
             **self._single_node_dict(),
+            **({"timeline": self.result.topology["timeline"]} if "timeline" in self.result.topology else {}),
             "topology": self.topology.describe(),
             "reference_topology": self.topology.reference().describe(),
             "seconds": {"reference": self.reference.seconds, "run": self.result.seconds,
@@ -74,26 +75,49 @@ class Comparison:
 
 def compare(topology: Topology, prompts: list[str], max_tokens: int = 32, timeout: float = 900.0,
             env: dict[str, str] | None = None, reference: GenerationResult | None = None,
-            stop_token_ids: list[int] | None = None) -> Comparison:
+            stop_token_ids: list[int] | None = None, timeline: bool = False) -> Comparison:
     """Run the reference (unless given) and ``topology`` on the same prompts, greedy; compare tokens.
 
     A multi-node topology (``nodes > 1``) runs through :mod:`kit.engine.multinode` (``backend="mp"``: leader server +
     headless followers; ``"ray"``: the server's Ray executor over the kit's local Ray cluster); with a drafter, the
-    same drafter at PP=1 on one node also runs, for its acceptance counters."""
+    same drafter at PP=1 on one node also runs, for its acceptance counters.
+
+    ``timeline``: every step of the run is traced inside its workers (:mod:`kit.worker.steptrace`, on every node) and
+    ``result.topology["timeline"]`` is the trace's :func:`kit.worker.steptrace.summary` (decode steps with two
+    micro-batches in flight, busy and idle time per stage)."""
+    if timeline and stop_token_ids:
+        raise TopologyError("a traced run (timeline) takes no stop tokens")
     if reference is None:
         reference = generate(topology.reference(), prompts, max_tokens=max_tokens, top2=True, timeout=timeout, env=env,
                              stop_token_ids=stop_token_ids)
-    if topology.nodes > 1:
+    single = None
+    if topology.nodes > 1 and topology.spec is not None:
+        single = generate(topology.with_(pp=1, tp=1, nodes=1, backend="mp"), prompts, max_tokens=max_tokens,
+                          timeout=timeout, env=env)
+    if timeline:
+        result = _traced(topology, prompts, max_tokens, timeout, env)
+    elif topology.nodes > 1:
         from kit.engine import multinode
 
-        single = None
-        if topology.spec is not None:
-            single = generate(topology.with_(pp=1, tp=1, nodes=1, backend="mp"), prompts, max_tokens=max_tokens,
-                              timeout=timeout, env=env)
         result = multinode.generate(topology, prompts, max_tokens=max_tokens, timeout=timeout, env=env)
-        return Comparison(topology, reference, result, single)
-    result = generate(topology, prompts, max_tokens=max_tokens, timeout=timeout, env=env, stop_token_ids=stop_token_ids)
-    return Comparison(topology, reference, result)
+    else:
+        result = generate(topology, prompts, max_tokens=max_tokens, timeout=timeout, env=env,
+                          stop_token_ids=stop_token_ids)
+    return Comparison(topology, reference, result, single)
+
+
+def _traced(topology: Topology, prompts: list[str], max_tokens: int, timeout: float,
+            env: dict[str, str] | None) -> GenerationResult:
+    """``topology``'s generation with every step traced in its workers; the trace's summary in ``topology``."""
+    from kit.checks.placement import traced_placement
+    from kit.worker import steptrace
+
+    r = traced_placement(topology, prompts, max_tokens=max_tokens, env=env, timeout=timeout)
+    g = r["generation"]
+    g.topology["timeline"] = steptrace.summary(steptrace.merge(r["trace"]))
+    if r["nodes"]:
+        g.topology["nodes"] = r["nodes"]
+    return g
 
 
 # -- kit compare ----------------------------------------------------------------------------------
@@ -122,6 +146,9 @@ def register(sub) -> None:
     p.add_argument("--distribution", action="store_true",
                    help="with --temperature: also test that the output distribution equals the plain engine's")
     p.add_argument("--samples", type=int, default=200, help="samples per context for --distribution")
+    p.add_argument("--timeline", action="store_true",
+                   help="trace every step inside the workers (every node's) and print the run's step timeline: "
+                        "decode steps with two micro-batches in flight, busy / idle per stage (kit.worker.steptrace)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--verbose", action="store_true", help="the summary lines too, with --json")
 
@@ -139,11 +166,13 @@ def run(args: argparse.Namespace) -> int:
         check_backend(topo)
     if topo.nodes > 1 and (args.temperature != 0 or args.distribution):
         raise TopologyError("--nodes > 1 compares greedy tokens only: drop --temperature / --distribution")
+    if args.timeline and (args.temperature != 0 or args.distribution):
+        raise TopologyError("--timeline traces greedy runs only: drop --temperature / --distribution")
     prompts = read_prompts(args)
     if args.temperature != 0 or args.distribution:
         return _run_sampled(args, topo, prompts)
     try:
-        c = compare(topo, prompts, max_tokens=args.max_tokens, timeout=args.timeout)
+        c = compare(topo, prompts, max_tokens=args.max_tokens, timeout=args.timeout, timeline=args.timeline)
     except EngineError as e:
         print(f"kit compare: engine failed: {e}", file=sys.stderr)
         if args.json:
@@ -165,6 +194,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"nodes     : {d['nodes']}")
             print(f"acceptance equal to PP=1 on one node: {c.acceptance_equal} "
                   f"({d['acceptance_single_node_pp1']})")
+        if "timeline" in d:
+            from kit.worker import steptrace
+
+            t = d["timeline"]
+            print(f"timeline  : {t['in_flight']['overlap_steps']} of {t['decode_steps']} decode steps with two "
+                  f"micro-batches in flight (ms per step below)")
+            print("\n".join(steptrace.TIMELINE_HEAD + [steptrace.summary_line(topo.label(), t)]))
     if args.json:
         print(json.dumps(d))
     return 0 if d["identical"] and c.acceptance_equal is not False else 1

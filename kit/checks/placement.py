@@ -36,6 +36,7 @@ def traced_placement(topology: Topology, prompts: list[str] | None = None, max_t
                 mn.rpc("kit_trace_start")
                 out["generation"] = mn.generate(prompts, max_tokens=max_tokens)
                 out["trace"] = mn.rpc("kit_trace_read")
+            mn.check_patches()  # a patch that did not apply on some node stops the run, as in a plain generate
             out["nodes"] = [{"rank": n.rank, "ip": n.ip, "cores": n.cores, "role": n.role} for n in mn.nodes]
         return out
     jobs = [{"kind": "inspect"}]

@@ -93,6 +93,7 @@ CASES: list[Case] = [
     cli("--temperature NaN", f"{C} --temperature nan", "--temperature must be a finite number > 0"),
     cli("--temperature negative", f"{C} --temperature -1", "--temperature must be a finite number > 0"),
     cli("--samples too few", f"{C} --temperature 0.5 --distribution --samples 0", "--samples must be an integer >= 10"),
+    cli("--timeline with --temperature", f"{C} --temperature 0.5 --timeline", "--timeline traces greedy runs only"),
     cli("unknown option", f"{C} --bogus", "unrecognized arguments: --bogus"),
     # the prompts file and --limit (every command reads them the same way)
     cli("--limit 0", f"{C} --limit 0", "argument --limit: expected an integer >= 1"),
@@ -192,6 +193,8 @@ CASES: list[Case] = [
     api("timeout NaN", 'generate(T, ["Hello"], timeout=float("nan"))', "timeout must be a finite number"),
     api("timeout 0", 'generate(T, ["Hello"], timeout=0)', "timeout must be a finite number"),
     api("a string as the prompts list (compare)", 'compare(T.with_(pp=2), "Hello")', "prompts must be a list"),
+    api("compare: a traced run with stop tokens", 'compare(T.with_(pp=2), ["Hello"], timeline=True, stop_token_ids=[2])',
+        "takes no stop tokens"),
     api("a string in a job's prompts", 'run(T, [{"kind": "generate", "prompts": "ab", "max_tokens": 1}])',
         "prompts must be a list"),
     api("load_prompts: limit 0", "load_prompts(limit=0)", "limit must be an integer >= 1"),
