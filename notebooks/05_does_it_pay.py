@@ -382,13 +382,14 @@ display(Markdown(payoff_text.pp_compare(rows, costs, preds)))
 
 # %%
 from kit.bench import pipelined
+from kit.bench.table import median_engine
 from kit.worker import steptrace
 
 traced = steptrace.load_traces(TRACE)
 by_label = {}
 for t in traced:  # several engines per row: each row is drawn from its median engine by step period
     by_label.setdefault(f"{t['model']} {t['topology']}", []).append(steptrace.summary(t["events"]))
-stage_runs = {label: sorted(runs_, key=lambda x: x["period"])[len(runs_) // 2] for label, runs_ in by_label.items()}
+stage_runs = {label: median_engine(runs_, key="period") for label, runs_ in by_label.items()}
 timeline_runs = load_runs(str(Path(TRACE).with_name("timeline-runs.jsonl")))
 print(f"{len(traced)} traced engine runs from {TRACE}, started {min(r['started_at'] for r in timeline_runs)} to "
       f"{max(r['started_at'] for r in timeline_runs)}")

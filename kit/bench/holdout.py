@@ -241,8 +241,9 @@ def holdout_lines(rows: list[dict], layers: dict[str, int] | None = None) -> lis
              "it) and an occupancy predicted from the schedule (1 at PP=1, at batch 1 and on the kit's default "
              "pipelined schedule, where plain and speculative batches split alike; 1/min(PP, batch) under PP with "
              "pp_microbatches off, where only the speculative batch splits); nothing else of the held-out row is "
-             "read. Its group's no-spec row is a fit row (the baseline). fitted from: the group whose speculative rows gave the costs (another batch or model: "
-             "carried over by kit.bench.holdout.transfer). The measured occupancy is shown, not used.", "",
+             "read. Its group's no-spec row is a fit row (the baseline). fitted from: the group whose speculative "
+             "rows gave the costs (another batch or model: carried over by kit.bench.holdout.transfer). The "
+             "measured occupancy is shown, not used.", "",
              "| split | fit rows | held out | mean abs error | max abs error | within 15 % |", "|---|---|---|---|---|---|"]
     pct = lambda x: "-" if x is None else f"{100 * x:.0f} %"  # noqa: E731
     for s in result:

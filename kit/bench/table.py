@@ -72,11 +72,12 @@ def _summary(vals: list) -> dict | None:
             "values": vals}
 
 
-def median_engine(runs: list[dict]) -> dict:
-    """The run with the median decode tok/s (the lower one of the middle two for an even count). Its step
-    components stand for the row: on a shared machine one disturbed engine would pull a mean of the components
-    away from the median speed the row reports, and the prediction would then miss a speed no engine showed."""
-    ranked = sorted(runs, key=lambda r: r["decode_tok_s"])
+def median_engine(runs: list[dict], key: str = "decode_tok_s") -> dict:
+    """The run with the median ``key`` (decode tok/s unless told; the lower one of the middle two for an even
+    count). Its step components stand for the row: on a shared machine one disturbed engine would pull a mean of
+    the components away from the median speed the row reports, and the prediction would then miss a speed no
+    engine showed."""
+    ranked = sorted(runs, key=lambda r: r[key])
     return ranked[(len(ranked) - 1) // 2]
 
 
